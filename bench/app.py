@@ -1,0 +1,98 @@
+"""The Celery app the benchmark workers run, configured from the environment.
+
+    BENCH_BROKER   broker URL (the benchmark's own redis-server)
+    BENCH_QUEUE    the queue the worker consumes
+    BENCH_MODE     celery          plain Celery, default settings (acks early)
+                   celery_late     plain Celery with acks_late (what RedeliveryTask implies)
+                   dlq             RedeliveryTask, persist_delivery_count_before_delivery on (the default)
+                   dlq_nopersist   RedeliveryTask, persist_delivery_count_before_delivery off
+    BENCH_PREFIX   dlq_key_prefix, and the prefix of the benchmark's own counters
+    BENCH_CONF     optional JSON merged into app.conf
+
+In the ``celery*`` modes celery_dlq is not even imported, so the plain side
+carries no trace of the extension.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import redis
+from celery import Celery, Task
+
+BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/0")
+QUEUE = os.environ.get("BENCH_QUEUE", "bench")
+MODE = os.environ.get("BENCH_MODE", "celery")
+PREFIX = os.environ.get("BENCH_PREFIX", "bench")
+MODES = ("celery", "celery_late", "dlq", "dlq_nopersist")
+if MODE not in MODES:
+    raise SystemExit(f"BENCH_MODE must be one of {MODES}, got {MODE!r}")
+DLQ = MODE.startswith("dlq")
+
+#: how long a failed attempt waits (benchmark 2) and the one-hour park (benchmark 3)
+FLAKY_DELAY = 0.1
+PARK_DELAY = 3600.0
+DONE_KEY = f"{PREFIX}:done"
+
+app = Celery("bench", broker=BROKER, set_as_current=True)
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_ignore_result=True,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_acks_late=MODE == "celery_late",
+)
+if DLQ:
+    import celery_dlq
+    from celery_dlq import RedeliveryTask, delivery_count
+
+    app.conf.update(
+        dlq_key_prefix=PREFIX,
+        dlq_default_policy={"persist_delivery_count_before_delivery": MODE == "dlq"},
+    )
+    Base: type[Task] = RedeliveryTask
+else:
+    Base = Task
+if os.environ.get("BENCH_CONF"):
+    app.conf.update(json.loads(os.environ["BENCH_CONF"]))
+
+_client: tuple[int, redis.Redis] | None = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None or _client[0] != os.getpid():
+        _client = (os.getpid(), redis.Redis.from_url(BROKER))
+    return _client[1]
+
+
+@app.task(base=Base, name="bench.noop")
+def noop(i=0):
+    return None
+
+
+if DLQ:
+    @app.task(bind=True, base=Base, name="bench.flaky",
+              redelivery_policy={"redelivery_delay": FLAKY_DELAY, "max_delivery_attempts": 3})
+    def flaky(self, i=0):
+        if delivery_count(self.request) <= 2:
+            raise ConnectionError("transient")
+        client().incr(DONE_KEY)
+
+    @app.task(bind=True, base=Base, name="bench.park_long",
+              redelivery_policy={"redelivery_delay": PARK_DELAY, "max_delivery_attempts": 2})
+    def park_long(self, i=0):
+        raise ConnectionError("come back in an hour")
+
+    celery_dlq.install(app)
+else:
+    @app.task(bind=True, base=Base, name="bench.flaky", max_retries=2)
+    def flaky(self, i=0):
+        if self.request.retries < 2:
+            raise self.retry(countdown=FLAKY_DELAY, exc=ConnectionError("transient"))
+        client().incr(DONE_KEY)
+
+    @app.task(bind=True, base=Base, name="bench.park_long", max_retries=1)
+    def park_long(self, i=0):
+        if self.request.retries < 1:
+            raise self.retry(countdown=PARK_DELAY, exc=ConnectionError("come back in an hour"))

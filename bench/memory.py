@@ -1,0 +1,137 @@
+"""Benchmark 3: memory of N retries waiting one hour (20,000; 2,000 with --quick).
+
+Each task fails on its first delivery and asks to come back in an hour.
+Celery's side calls ``self.retry(countdown=3600)``: the worker holds every
+retry in its own memory (and kombu keeps a copy in Redis' ``unacked`` hash).
+celery-dlq's side raises with ``redelivery_delay=3600``: the original message
+is parked in Redis and the worker holds nothing.
+
+Reported per side: the worker main process' RSS growth (after a warm-up of
+200 such tasks, so imports, connections and caches already exist), and
+Redis' ``used_memory`` growth per waiting retry, measured from before the
+messages were published to when all of them wait (so the queue is empty
+again), next to the size of one message as kombu stores it. For celery-dlq,
+``MEMORY USAGE`` of each key the store uses splits the bytes up.
+
+Targets: celery-dlq worker growth < 1 MB; Redis bytes per parked retry <=
+message size + 200 B.
+"""
+from __future__ import annotations
+
+import gc  # noqa: F401  (documentation: the worker is not forced to collect)
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (BenchWorker, RedisServer, machine, message_size, parser,  # noqa: E402
+                          print_table, publish, redis_server_version, wait_until)
+
+MB = 1024 * 1024
+WARMUP = 200
+
+
+def used_memory(client) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def waiting(client, mode: str, prefix: str) -> int:
+    """How many retries wait: held by the worker (Celery) or parked (celery-dlq)."""
+    if mode == "celery":
+        return client.hlen("unacked") if client.llen(QUEUE) == 0 else 0
+    return client.zcard(f"{{{prefix}}}:delayed") if client.llen(QUEUE) == 0 else 0
+
+
+QUEUE = "bench3"
+
+
+def one_run(server: RedisServer, mode: str, n: int) -> dict:
+    import redis
+    from celery import Celery
+
+    client = redis.Redis.from_url(server.url)
+    client.flushdb()
+    prefix = f"b3{mode}"
+    app = Celery("client", broker=server.url, set_as_current=False)
+    worker = BenchWorker(server.url, QUEUE, mode, prefix=prefix).wait_ready(client)
+    try:
+        # warm-up: the same kind of task, so every code path has run once
+        publish(app, "bench.park_long", WARMUP, QUEUE)
+        wait_until(lambda: waiting(client, mode, prefix) >= WARMUP, 120, 0.05, "warm-up")
+        time.sleep(2)
+        rss0, redis0 = worker.rss(), used_memory(client)
+        # redis0 is taken before the messages exist, so the growth is all they cost while waiting
+        size = message_size(app, client, "bench.park_long")
+        t0 = time.monotonic()
+        publish(app, "bench.park_long", n, QUEUE)
+        wait_until(lambda: waiting(client, mode, prefix) >= WARMUP + n, 900, 0.1, f"{n} waiting retries")
+        seconds = time.monotonic() - t0
+        time.sleep(3)  # let the worker settle (no forced gc: that is what an operator sees)
+        rss1, redis1 = worker.rss(), used_memory(client)
+        keys = {}
+        if mode != "celery":
+            base = f"{{{prefix}}}"
+            for key in sorted(k.decode() for k in client.scan_iter(match=f"{base}:*", count=1000)
+                              if b":count:" not in k):
+                keys[key.removeprefix(base + ":")] = client.memory_usage(key, samples=0) or 0
+            counters = list(client.scan_iter(match=f"{base}:count:*", count=1000))
+            sample = counters[:200]
+            per = sum(client.memory_usage(k, samples=0) or 0 for k in sample) / max(1, len(sample))
+            keys[f"count:* ({len(counters)} keys)"] = int(per * len(counters))
+            payload = client.hget(f"{base}:payloads", client.zrange(f"{base}:delayed", -1, -1)[0])
+            keys["(one parked payload, bytes)"] = len(payload)
+        else:
+            keys["unacked"] = client.memory_usage("unacked", samples=0) or 0
+            keys["unacked_index"] = client.memory_usage("unacked_index", samples=0) or 0
+        dbsize = client.dbsize()
+        return {"dbsize": dbsize, "rss_growth": rss1 - rss0, "rss_after": rss1, "redis_per": (redis1 - redis0) / n,
+                "size": size, "keys": keys, "seconds": seconds}
+    finally:
+        worker.stop()
+        app.close()
+        client.close()
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    n = 2000 if args.quick else 20000
+    server = RedisServer().start()
+    try:
+        import redis
+        print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(server.url))}")
+        print(f"{n} retries waiting 1 hour, worker -P prefork -c 2 (after a warm-up of {WARMUP})\n")
+        results = {}
+        for mode in ("celery", "dlq"):
+            results[mode] = r = one_run(server, mode, n)
+            print(f"  {mode:<7} worker RSS +{r['rss_growth'] / MB:8.2f} MiB (now {r['rss_after'] / MB:.1f} MiB), "
+                  f"redis +{r['redis_per']:7.0f} B per waiting retry, message {r['size']} B, "
+                  f"{r['seconds']:.1f} s to get all {n} waiting", flush=True)
+            for key, size in r["keys"].items():
+                if key.startswith("(one"):
+                    print(f"           {key:<32} {size:>12,} B")
+                else:
+                    print(f"           {key:<32} {size:>12,} B  ({size / n:8.1f} B per retry)")
+            print(f"           {'(keys in the database)':<32} {r['dbsize']:>12,}")
+    finally:
+        server.stop()
+    c, d = results["celery"], results["dlq"]
+    print()
+    print_table(["", "worker RSS growth", "per retry", "Redis B per retry", "message B"], [
+        ["Celery retry(countdown=3600)", f"{c['rss_growth'] / MB:.2f} MiB", f"{c['rss_growth'] / n:.0f} B",
+         f"{c['redis_per']:.0f}", c["size"]],
+        ["celery-dlq (parked in Redis)", f"{d['rss_growth'] / MB:.2f} MiB", f"{d['rss_growth'] / n:.0f} B",
+         f"{d['redis_per']:.0f}", d["size"]],
+    ])
+    grow_ok = d["rss_growth"] < MB
+    overhead = d["redis_per"] - d["size"]
+    print(f"\ncelery-dlq worker growth {d['rss_growth'] / MB:.2f} MiB (target < 1 MB): "
+          f"{'MET' if grow_ok else 'MISSED'}")
+    print(f"celery-dlq Redis bytes per parked retry {d['redis_per']:.0f} = message {d['size']} + {overhead:.0f} "
+          f"(target <= message + 200): {'MET' if overhead <= 200 else 'MISSED'}")
+    print(f"worker growth ratio Celery / celery-dlq: "
+          f"{c['rss_growth'] / max(d['rss_growth'], 1):.0f}x")
+
+
+if __name__ == "__main__":
+    main()

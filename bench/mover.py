@@ -1,0 +1,251 @@
+"""Benchmark 4: mover throughput against the raw limit of the same Redis.
+
+N parked messages (100,000; 20,000 with --quick), all due, are moved back to
+their queue:
+
+- celery-dlq: the library's own mover (``MoverThread.move_due``, batch
+  ``dlq_mover_batch_size`` = 100) in this process: claim a batch with a lease
+  (one Lua call), publish each message through kombu's producer, ack each
+  entry (one Lua call each), count and archive the batch;
+- raw: a Lua script written here that moves a batch of the same size from
+  the sorted set + hash straight onto the queue list in one call (no lease,
+  no kombu, no re-encoding): the most this Redis can do per round trip.
+
+The time of each phase of the library's mover is measured too (by wrapping
+its calls), and one what-if variant that only changes how the mover talks to
+Redis: acks of a batch sent in one pipeline instead of one round trip each.
+
+Target: celery-dlq >= 50% of raw.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RedisServer, machine, parser, print_table, redis_server_version  # noqa: E402
+
+QUEUE = "bench4"
+BATCH = 100
+PARK_CHUNK = 2000
+
+RAW_MOVE = """
+-- raw_move.lua (benchmark only): move up to ARGV[2] due entries onto a list, in one call.
+-- KEYS[1] = delayed  (ZSET) entry_id -> due (ms)
+-- KEYS[2] = payloads (HASH) entry_id -> payload
+-- KEYS[3] = the queue (LIST)
+-- ARGV[1] = now (ms), ARGV[2] = batch size
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do
+    redis.call('LPUSH', KEYS[3], redis.call('HGET', KEYS[2], id))
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[1], id)
+end
+return #ids
+"""
+
+
+def make_app(url: str, prefix: str):
+    from celery import Celery
+
+    import celery_dlq
+
+    app = Celery("bench4", broker=url, set_as_current=False)
+    app.conf.update(task_default_queue=QUEUE, dlq_key_prefix=prefix, dlq_mover_batch_size=BATCH)
+    celery_dlq.install(app)
+    return app
+
+
+def sample_payload(app, client) -> bytes:
+    """A parked copy as the engine writes it: a real noop message plus redelivery headers."""
+    from celery_dlq import headers as H
+    from celery_dlq.envelope import CARRIED_PROPERTIES, Envelope
+
+    app.send_task("bench.noop", args=(1,), queue="bench.sample")
+    raw = json.loads(client.rpop("bench.sample"))
+    envelope = Envelope(body=base64.b64decode(raw["body"]), content_type=raw["content-type"],
+                        content_encoding=raw["content-encoding"], headers=raw["headers"],
+                        properties={k: raw["properties"][k] for k in CARRIED_PROPERTIES
+                                    if raw["properties"].get(k) is not None},
+                        exchange="", routing_key=QUEUE, queue=QUEUE)
+    failure = {"type": "ConnectionError", "message": "transient", "traceback": ""}
+    return envelope.with_headers(H.redelivery_headers(
+        envelope.headers, delivery=2, queue=QUEUE, exchange="", routing_key=QUEUE,
+        failure=failure, now=time.time())).dumps()
+
+
+def park_all(dlq, n: int, payload: bytes) -> None:
+    """Park n entries due one second ago, in pipelines of the library's own park script."""
+    from celery_dlq.store import to_ms
+
+    script = dlq.store._scripts.get("park")
+    keys = list(dlq.keys.store_keys())
+    due = to_ms(time.time() - 1)
+    for start in range(0, n, PARK_CHUNK):
+        pipe = dlq.client.pipeline(transaction=False)
+        for i in range(start, min(n, start + PARK_CHUNK)):
+            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due], client=pipe)
+        pipe.execute()
+
+
+@contextmanager
+def phase_timer(mover, dlq):
+    """Wrap the mover's Redis/kombu calls to split its time into phases."""
+    from celery_dlq import envelope as envelope_module
+
+    spent: dict[str, float] = defaultdict(float)
+    store = dlq.store
+    originals = {"claim": store.claim_due, "ack": store.ack,
+                 "publish": envelope_module.Envelope.publish}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return wrapper
+
+    store.claim_due = timed("claim (Lua, per batch)", originals["claim"])
+    store.ack = timed("ack (Lua, per message)", originals["ack"])
+    envelope_module.Envelope.publish = timed("kombu publish (per message)", originals["publish"])
+    try:
+        yield spent
+    finally:
+        store.claim_due, store.ack = originals["claim"], originals["ack"]
+        envelope_module.Envelope.publish = originals["publish"]
+
+
+def run_library(url: str, n: int, payload: bytes, variant: str) -> tuple[float, dict]:
+    import redis
+
+    from celery_dlq.extension import get_dlq
+    from celery_dlq.mover import MoverThread
+
+    prefix = f"b4{variant}"
+    app = make_app(url, prefix)
+    dlq = get_dlq(app)
+    client = redis.Redis.from_url(url)
+    client.delete(QUEUE)
+    park_all(dlq, n, payload)
+    mover = MoverThread(app, dlq)
+    if variant == "pipelined_acks":
+        mover._publish = lambda claimed: _publish_pipelined_acks(mover, claimed)
+    with phase_timer(mover, dlq) as spent:
+        t0 = time.perf_counter()
+        while mover.move_due():
+            pass
+        seconds = time.perf_counter() - t0
+    assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
+    assert dlq.store.count() == 0
+    client.delete(QUEUE)
+    app.close()
+    client.close()
+    return seconds, dict(spent)
+
+
+def _publish_pipelined_acks(mover, claimed) -> int:
+    """What-if: publish each message as the library does, then ack the whole batch in one pipeline.
+
+    Everything else stays as the library does it: the stats counter and the
+    archive's events for the batch (``events.redelivered``).
+    """
+    from celery_dlq import events
+
+    dlq = mover.dlq
+    store = dlq.store
+    script = store._scripts.get("ack")
+    k = dlq.keys
+    with mover.app.producer_or_acquire() as producer:
+        from celery_dlq.envelope import Envelope
+
+        for entry in claimed:
+            Envelope.loads(entry.payload).publish(producer)
+    t = time.perf_counter()
+    pipe = dlq.client.pipeline(transaction=False)
+    for entry in claimed:
+        script(keys=[k.leases, k.payloads, k.queues, k.parked], args=[entry.entry_id, entry.lease_until_ms],
+               client=pipe)
+    pipe.hincrby(k.stats, "redelivered", len(claimed))
+    pipe.execute()
+    _ACK_TIME[0] += time.perf_counter() - t
+    if hasattr(events, "redelivered"):
+        events.redelivered(dlq, claimed)
+    return len(claimed)
+
+
+_ACK_TIME = [0.0]
+
+
+def run_raw(url: str, n: int, payload: bytes) -> float:
+    import redis
+
+    from celery_dlq.extension import get_dlq
+    from celery_dlq.store import to_ms
+
+    app = make_app(url, "b4raw")
+    dlq = get_dlq(app)
+    client = redis.Redis.from_url(url)
+    client.delete(QUEUE)
+    park_all(dlq, n, payload)
+    move = client.register_script(RAW_MOVE)
+    keys = [dlq.keys.delayed, dlq.keys.payloads, QUEUE]
+    t0 = time.perf_counter()
+    while move(keys=keys, args=[to_ms(time.time()), BATCH]) == BATCH:
+        pass
+    seconds = time.perf_counter() - t0
+    assert client.llen(QUEUE) == n
+    client.flushdb()
+    app.close()
+    client.close()
+    return seconds
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    n = 20000 if args.quick else 100000
+    server = RedisServer().start()
+    try:
+        import redis
+        from celery import Celery
+
+        client = redis.Redis.from_url(server.url)
+        print(f"machine: {machine()}, redis-server {redis_server_version(client)}")
+        payload = sample_payload(Celery("s", broker=server.url, set_as_current=False), client)
+        print(f"{n} parked and due, batch {BATCH}, parked payload {len(payload)} B\n")
+        raw = run_raw(server.url, n, payload)
+        print(f"  raw Lua move          {raw:7.2f} s  {n / raw:9.0f} msg/s", flush=True)
+        lib, spent = run_library(server.url, n, payload, "library")
+        print(f"  celery-dlq mover      {lib:7.2f} s  {n / lib:9.0f} msg/s", flush=True)
+        alt, spent_alt = run_library(server.url, n, payload, "pipelined_acks")
+        print(f"  what-if: batched acks {alt:7.2f} s  {n / alt:9.0f} msg/s", flush=True)
+        client.close()
+    finally:
+        server.stop()
+    print("\nwhere the library's mover spends its time:")
+    accounted = 0.0
+    for name, seconds in spent.items():
+        accounted += seconds
+        print(f"  {name:<30} {seconds:6.2f} s  {seconds / lib * 100:5.1f}%  ({seconds / n * 1e6:6.1f} us/msg)")
+    rest = lib - accounted
+    print(f"  {'the rest (decode, events, stats)':<30} {rest:6.2f} s  {rest / lib * 100:5.1f}%  "
+          f"({rest / n * 1e6:6.1f} us/msg)")
+    print()
+    print_table(["variant", "seconds", "msg/s", "% of raw"], [
+        ["raw Lua move (benchmark's own)", f"{raw:.2f}", f"{n / raw:.0f}", "100%"],
+        ["celery-dlq mover", f"{lib:.2f}", f"{n / lib:.0f}", f"{raw / lib * 100:.0f}%"],
+        ["what-if: one pipeline of acks per batch", f"{alt:.2f}", f"{n / alt:.0f}", f"{raw / alt * 100:.0f}%"],
+    ])
+    share = raw / lib * 100
+    print(f"\ncelery-dlq mover at {share:.0f}% of raw (target >= 50%): {'MET' if share >= 50 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""celery-dlq: redelivery policies and dead-letter queues for Celery on Redis.
+
+Quick start::
+
+    from celery import Celery
+    import celery_dlq
+
+    app = Celery("proj", broker="redis://localhost:6379/0")
+    celery_dlq.install(app)
+
+    @app.task(base=celery_dlq.RedeliveryTask,
+              redelivery_policy={"redelivery_delay": 5, "max_delivery_attempts": 3})
+    def charge(order_id): ...
+"""
+from celery_dlq.errors import ConfigurationError, DLQError, StoreError
+from celery_dlq.extension import delivery_count, install, resolve_policy
+from celery_dlq.headers import Reason
+from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.signals import task_dead_lettered, task_redelivery_scheduled
+from celery_dlq.task import Redeliver, RedeliveryTask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "DLQError",
+    "Reason",
+    "Redeliver",
+    "RedeliveryPolicy",
+    "RedeliveryTask",
+    "StoreError",
+    "__version__",
+    "delivery_count",
+    "install",
+    "resolve_policy",
+    "task_dead_lettered",
+    "task_redelivery_scheduled",
+]

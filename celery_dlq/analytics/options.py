@@ -1,0 +1,106 @@
+"""What a report run is asked for: paths, the as-of time, replay predicates, Spark settings.
+
+No pyspark here: the command line builds these before any JVM starts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable
+
+from celery_dlq.errors import ConfigurationError
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def parse_duration(text: str | float | None) -> float | None:
+    """Seconds from ``90``, ``90s``, ``30m``, ``6h``, ``7d`` or ``2w``; None stays None."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(str(text))
+        if not match:
+            raise ConfigurationError(f"bad duration {text!r}: use seconds or a number with s, m, h, d or w")
+        seconds = float(match.group(1)) * UNITS[match.group(2) or "s"]
+    if seconds <= 0:
+        raise ConfigurationError(f"a duration must be > 0, got {text!r}")
+    return seconds
+
+
+def parse_time(text: str | datetime | None) -> datetime | None:
+    """An aware UTC datetime from ISO 8601 (naive means UTC) or unix seconds."""
+    if text is None or isinstance(text, datetime):
+        moment = text
+    else:
+        try:
+            moment = datetime.fromtimestamp(float(text), timezone.utc)
+        except ValueError:
+            try:
+                moment = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
+            except ValueError:
+                raise ConfigurationError(f"bad time {text!r}: use ISO 8601 or unix seconds") from None
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+def parse_conf(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``k=v`` strings (``--conf``) as pairs, in order."""
+    out = []
+    for pair in pairs:
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"--conf takes key=value, got {pair!r}")
+        out.append((key.strip(), value))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """One report run. ``as_of`` (default: now) is the end of the trend windows and of ``replay_max_age``.
+
+    Replay predicates all apply (AND); within one, any value matches (OR).
+    ``replay_exceptions`` match the full type name or its last part
+    (``ValueError`` matches ``myapp.errors.ValueError``); ``replay_tasks`` are
+    task names or wildcard patterns (``proj.*``, ``orders.#``).
+    """
+
+    in_path: str
+    out_dir: str
+    as_of: datetime | None = None
+    replay_exceptions: tuple[str, ...] = ()
+    replay_tasks: tuple[str, ...] = ()
+    replay_max_age: float | None = None
+    include_poison: bool = False
+    poison_min_dead_letters: int = 2
+    top: int = 10
+    master: str | None = None
+    conf: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.in_path or not self.out_dir:
+            raise ConfigurationError("both --in and --out are required")
+        if self.poison_min_dead_letters < 2:
+            raise ConfigurationError(f"--poison-min must be >= 2, got {self.poison_min_dead_letters!r}")
+        if self.top < 1:
+            raise ConfigurationError(f"--top must be >= 1, got {self.top!r}")
+        object.__setattr__(self, "as_of", parse_time(self.as_of) or datetime.now(timezone.utc))
+        object.__setattr__(self, "replay_max_age", parse_duration(self.replay_max_age))
+        object.__setattr__(self, "replay_exceptions", tuple(self.replay_exceptions))
+        object.__setattr__(self, "replay_tasks", tuple(self.replay_tasks))
+
+    @property
+    def as_of_us(self) -> int:
+        """``as_of`` in integer microseconds since the epoch."""
+        delta = self.as_of - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+    def predicates(self) -> dict:
+        """The replay predicates as the plan's manifest records them."""
+        return {"exception_types": list(self.replay_exceptions), "task_names": list(self.replay_tasks),
+                "max_age_seconds": self.replay_max_age, "exclude_poison": not self.include_poison,
+                "poison_min_dead_letters": self.poison_min_dead_letters}

@@ -1,0 +1,108 @@
+"""Dead letters: naming the DLQ, publishing the original message there once, counting drops.
+
+A dead letter is the original message (body untouched) published to a plain
+kombu queue, ``DLQ.<queue>`` by default, with ``x-dlq-*`` headers saying where
+it came from and why it died. The queue is declared on first use, so
+``redis-cli LLEN DLQ.orders`` shows it on a Redis broker.
+
+Idempotence (ActiveMQ's DLQ audit): an audit key per (task id, delivery,
+delivery tag of the consumed message instance)
+moves from ``pending`` to ``done`` around the publish. A redelivered copy of a
+message whose dead letter is ``done`` is acknowledged without a second dead
+letter; one that is still ``pending`` (the worker died between publish and
+mark) is published again: never lost, duplicated only in that narrow window.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Mapping
+
+from kombu import Exchange, Queue
+
+from celery_dlq import events
+from celery_dlq import headers as H
+from celery_dlq.envelope import Envelope
+from celery_dlq.keys import Keys
+from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.retention import Retention
+from celery_dlq.signals import send_isolated, task_dead_lettered
+
+logger = logging.getLogger(__name__)
+
+PENDING, DONE = b"pending", b"done"
+#: Counters in the ``stats`` hash.
+STAT_DEAD_LETTERED = "dead_lettered"
+STAT_DROPPED = "dropped"
+STAT_DUPLICATES = "dead_letter_duplicates_suppressed"
+
+
+def dead_letter_queue(name: str) -> Queue:
+    """A plain durable queue on the default exchange, routed by its own name."""
+    return Queue(name, Exchange(""), routing_key=name, durable=True, auto_delete=False)
+
+
+class DeadLetterer:
+    """Publishes dead letters through the app's producer pool; one per app and process."""
+
+    def __init__(self, app: Any, client: Any, keys: Keys, audit_ttl: float) -> None:
+        self.app = app
+        self.client = client
+        self.keys = keys
+        self.audit_ttl_s = max(1, int(audit_ttl))
+        self._declared: set[str] = set()
+        self._lock = threading.Lock()
+        self.retention = Retention(app, client, keys)
+
+    def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
+                    failure: Mapping[str, str], worker: str) -> str | None:
+        """Dead-letter (or drop, with ``dead_letter=False``) one message.
+
+        Returns the DLQ name, or None when dropped. Raises if Redis or the
+        broker fails, so that the caller leaves the original unacknowledged.
+        """
+        dlq = policy.dead_letter_queue(envelope.queue)
+        task_id = envelope.task_id or "unknown"
+        if dlq is None:
+            logger.warning("celery-dlq: dropping %s[%s] from %r after %d deliveries (%s: %s): "
+                           "dead_letter=False", envelope.task_name, task_id, envelope.queue,
+                           delivery, reason, H.summary(failure))
+            self.client.hincrby(self.keys.stats, STAT_DROPPED, 1)
+            events.dropped(self, envelope, reason=reason, failure=failure, delivery=delivery)
+            self._notify(envelope, None, reason, failure, delivery)
+            return None
+        audit = self.keys.audit(task_id, delivery, envelope.delivery_tag)
+        if not self.client.set(audit, PENDING, nx=True, ex=self.audit_ttl_s):
+            if self.client.get(audit) == DONE:
+                logger.info("celery-dlq: %s[%s] delivery %d is already in %s; not dead-lettering twice",
+                            envelope.task_name, task_id, delivery, dlq)
+                self.client.hincrby(self.keys.stats, STAT_DUPLICATES, 1)
+                return dlq
+        letter = envelope.with_headers(H.dead_letter_headers(
+            envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
+            routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker))
+        self.publish(letter, dlq)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(audit, DONE, ex=self.audit_ttl_s)
+        pipe.hincrby(self.keys.stats, STAT_DEAD_LETTERED, 1)
+        pipe.execute()
+        events.dead_lettered(self, letter, dlq)
+        logger.warning("celery-dlq: %s[%s] dead-lettered to %s after %d deliveries (%s: %s)",
+                       envelope.task_name, task_id, dlq, delivery, reason, H.summary(failure))
+        self._notify(envelope, dlq, reason, failure, delivery)
+        self.retention.after_dead_letter(dlq, policy)
+        return dlq
+
+    def publish(self, envelope: Envelope, dlq: str) -> None:
+        declare = () if dlq in self._declared else (dead_letter_queue(dlq),)
+        with self.app.producer_or_acquire() as producer:
+            envelope.publish(producer, exchange="", routing_key=dlq, declare=declare)
+        with self._lock:
+            self._declared.add(dlq)
+
+    def _notify(self, envelope: Envelope, dlq: str | None, reason: str,
+                failure: Mapping[str, str], delivery: int) -> None:
+        send_isolated(task_dead_lettered, sender=envelope.task_name, task_id=envelope.task_id,
+                      task_name=envelope.task_name, original_queue=envelope.queue,
+                      dead_letter_queue=dlq, reason=reason, exception=dict(failure),
+                      delivery_count=delivery)

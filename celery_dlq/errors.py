@@ -1,0 +1,21 @@
+"""Exception hierarchy: one root, so callers can catch everything of ours."""
+from __future__ import annotations
+
+from celery.exceptions import ImproperlyConfigured
+
+
+class DLQError(Exception):
+    """Root of every error celery-dlq raises."""
+
+
+class ConfigurationError(DLQError, ImproperlyConfigured, ValueError):
+    """A policy field or a ``dlq_*`` setting is unknown or has a bad value.
+
+    It is also Celery's :class:`~celery.exceptions.ImproperlyConfigured`, so a
+    worker fails at start the way it does for Celery's own bad settings, and a
+    :class:`ValueError`, which is what a bad constructor argument usually is.
+    """
+
+
+class StoreError(DLQError):
+    """Redis could not store a parked message or a dead letter."""

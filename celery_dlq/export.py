@@ -1,0 +1,416 @@
+"""``celery dlq export``: the event archive (a Redis Stream) to Parquet, incrementally; no JVM.
+
+Layout under ``PATH`` (a local path or any pyarrow filesystem URI, ``s3://``)::
+
+    PATH/_checkpoint.json                          the last exported stream id, and the stream's name
+    PATH/events/dt=YYYY-MM-DD/queue=Q/part-<first id>-<n>.parquet
+    PATH/snapshots/snapshot-<UTC time>.parquet     with --snapshot: what the DLQs hold right now
+
+``dt`` is the event's UTC date and ``queue`` its original queue (URI-escaped,
+``__HIVE_DEFAULT_PARTITION__`` when unknown), Hive style, as Spark and
+pyarrow read them. Timestamps are Parquet ``TIMESTAMP(MICROS, UTC)``.
+
+**No duplicates, nothing skipped.** Each flush writes its files and then
+moves the checkpoint past the last stream id it wrote. Before writing, the
+checkpoint names the files about to be written (``pending``); a run that
+finds a pending flush (the last one died midway) deletes those files first
+and exports from the checkpoint again. Run one export per ``PATH`` at a time.
+
+**Nothing lost unnoticed.** The stream is capped (``dlq_events_max_length``).
+An export reads up to the stream's last id as of its start, and the
+checkpoint keeps that id with the stream's ``entries-added`` counter then
+(Redis >= 7, read atomically with it). The next export compares: events
+added since, minus events still in the stream after the checkpoint, is the
+number trimmed before anyone exported them. A loss is logged as a warning and
+returned (``events_lost``): export more often or raise the cap.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from celery_dlq import headers as H
+from celery_dlq.errors import DLQError
+from celery_dlq.events import EventLog, event_of, letter_from_raw, parse_id
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT = "_checkpoint.json"
+EVENTS_DIR = "events"
+SNAPSHOTS_DIR = "snapshots"
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+SNAPSHOT_TYPE = "in_dlq"
+US_PER_DAY = 86_400_000_000
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+#: The columns of every event file (``dt`` and ``queue`` are in the path).
+EVENT_SCHEMA = pa.schema([
+    ("event_id", pa.string()),          # the stream id, "<ms>-<seq>": unique, ordered
+    ("event_type", pa.string()),
+    ("ts", TIMESTAMP),
+    ("task_id", pa.string()),
+    ("task_name", pa.string()),
+    ("dlq", pa.string()),
+    ("delivery", pa.int32()),
+    ("reason", pa.string()),
+    ("exception_type", pa.string()),
+    ("exception_message", pa.string()),
+    ("first_failure_at", TIMESTAMP),
+    ("due_at", TIMESTAMP),
+    ("payload_size", pa.int64()),
+    ("payload_hash", pa.string()),
+    ("worker", pa.string()),
+    ("record", pa.string()),            # the dead-letter record, JSON (Envelope.dumps)
+])
+PARTITION_SCHEMA = pa.schema([("dt", pa.string()), ("queue", pa.string())])
+SNAPSHOT_SCHEMA = EVENT_SCHEMA.append(pa.field("queue", pa.string())).append(pa.field("snapshot_at", TIMESTAMP))
+
+
+class ExportError(DLQError):
+    """The destination holds something else, or its checkpoint is unreadable."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What one export wrote."""
+
+    rows: int = 0
+    files: tuple[str, ...] = ()
+    last_id: str | None = None
+    events_lost: int | None = 0     # trimmed from the stream before export; None: cannot tell
+    snapshot_rows: int = 0
+    snapshot_file: str | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "files": len(self.files), "last_id": self.last_id,
+                "events_lost": self.events_lost,
+                "snapshot_rows": self.snapshot_rows, "snapshot_file": self.snapshot_file,
+                "seconds": round(self.seconds, 3)}
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, path)`` of a local path or a URI (``s3a://`` is read as ``s3://``)."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if uri.startswith("s3a://"):
+        uri = "s3://" + uri[len("s3a://"):]
+    return pafs.FileSystem.from_uri(uri)
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write a whole small file, replacing it (by rename where the filesystem has one)."""
+    fs.create_dir(os.path.dirname(path) or ".", recursive=True)
+    tmp = f"{os.path.dirname(path)}/_tmp-{os.getpid()}-{os.path.basename(path)}"
+    with fs.open_output_stream(tmp) as out:
+        out.write(data)
+    fs.move(tmp, path)
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+@dataclass
+class Checkpoint:
+    """``PATH/_checkpoint.json``: how far the stream ``stream`` was exported."""
+
+    stream: str
+    last_id: str | None = None
+    rows: int = 0
+    added: int | None = None        # the stream's entries-added when last_id was its last id
+    pending: str | None = None      # basename prefix of a flush being written
+    updated_at: str | None = None
+
+    @classmethod
+    def load(cls, fs: pafs.FileSystem, root: str, stream: str) -> Checkpoint:
+        raw = read_bytes(fs, f"{root}/{CHECKPOINT}")
+        if raw is None:
+            return cls(stream)
+        try:
+            doc = json.loads(raw)
+            checkpoint = cls(doc["stream"], doc.get("last_id"), int(doc.get("rows", 0)), doc.get("added"),
+                             doc.get("pending"), doc.get("updated_at"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ExportError(f"unreadable checkpoint {root}/{CHECKPOINT}: {exc}") from None
+        if checkpoint.stream != stream:
+            raise ExportError(f"{root} holds the archive of stream {checkpoint.stream!r}, not {stream!r}: "
+                              "export each key prefix to its own PATH")
+        return checkpoint
+
+    def save(self, fs: pafs.FileSystem, root: str) -> None:
+        self.updated_at = datetime.now(timezone.utc).isoformat()
+        doc = {"version": 1, "stream": self.stream, "last_id": self.last_id, "rows": self.rows,
+               "added": self.added, "pending": self.pending, "updated_at": self.updated_at}
+        write_bytes(fs, f"{root}/{CHECKPOINT}", json.dumps(doc, indent=1).encode("utf-8"))
+
+
+# -- events -> Arrow ------------------------------------------------------------
+
+#: Stream field -> column, in EVENT_SCHEMA's order after event_id (``events.Event.to_fields``).
+STREAM_FIELDS = (("type", "event_type"), ("ts_us", "ts"), ("task_id", "task_id"), ("task_name", "task_name"),
+                 ("dlq", "dlq"), ("delivery", "delivery"), ("reason", "reason"),
+                 ("exception_type", "exception_type"), ("exception_message", "exception_message"),
+                 ("first_failure_us", "first_failure_at"), ("due_us", "due_at"), ("payload_size", "payload_size"),
+                 ("payload_hash", "payload_hash"), ("worker", "worker"), ("record", "record"), ("queue", "queue"))
+_KEYS = tuple(name.encode() for name, _ in STREAM_FIELDS)
+
+
+def _column(values: tuple, field: pa.Field) -> pa.Array:
+    """Raw stream values (bytes or None) as a column of ``field``'s type, vectorized by Arrow."""
+    raw = pa.array(values, pa.binary())
+    try:
+        text = raw.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: decode with replacement, value by value
+        text = pa.array([None if v is None else bytes(v).decode("utf-8", "replace") for v in values], pa.string())
+    if pa.types.is_string(field.type):
+        return pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.string()), text)
+    try:
+        number = text.cast(pa.int64())
+    except pa.ArrowInvalid:
+        number = pa.array([_int_or_none(v) for v in text.to_pylist()], pa.int64())
+    return number.cast(field.type)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def event_table(entries: list[tuple[str, Mapping[Any, Any]]]) -> pa.Table:
+    """Stream entries ``(id, fields)`` as an Arrow table of ``EVENT_SCHEMA`` plus ``dt`` and ``queue``."""
+    rows = [_values(f) for _, f in entries]
+    columns = list(zip(*rows)) if rows else [()] * len(_KEYS)
+    names = [column for _, column in STREAM_FIELDS]
+    arrays = {"event_id": pa.array([entry_id for entry_id, _ in entries], pa.string())}
+    schema = EVENT_SCHEMA.append(pa.field("queue", pa.string()))
+    for name, values in zip(names, columns):
+        arrays[name] = _column(values, schema.field(name))
+    arrays["event_type"] = pc.fill_null(arrays["event_type"], "")
+    arrays["ts"] = pc.fill_null(arrays["ts"].cast(pa.int64()), 0).cast(TIMESTAMP)
+    days = pc.divide(arrays["ts"].cast(pa.int64()), US_PER_DAY).cast(pa.int32()).cast(pa.date32())
+    table = pa.table([arrays[name] for name in EVENT_SCHEMA.names], schema=EVENT_SCHEMA)
+    return table.append_column("dt", days.cast(pa.string())).append_column("queue", arrays["queue"])
+
+
+def _values(fields: Mapping[Any, Any]) -> list:
+    """One entry's values in STREAM_FIELDS order, as bytes (redis-py gives bytes; a text mapping is encoded)."""
+    if not fields or isinstance(next(iter(fields)), bytes):
+        return [fields.get(k) for k in _KEYS]
+    return [_bytes(fields.get(k.decode())) for k in _KEYS]
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8")
+
+
+def _write_partitioned(table: pa.Table, fs: pafs.FileSystem, base: str, basename: str) -> list[str]:
+    written: list[str] = []
+    ds.write_dataset(
+        table, base, filesystem=fs, format="parquet",
+        partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
+        basename_template=basename + "{i}.parquet",
+        existing_data_behavior="overwrite_or_ignore",
+        file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
+        max_partitions=1_000_000, max_open_files=1024, use_threads=True,
+        file_visitor=lambda written_file: written.append(written_file.path),
+    )
+    return written
+
+
+def _delete_pending(fs: pafs.FileSystem, base: str, prefix: str) -> int:
+    """Delete the files of a flush that died before its checkpoint (their rows come again)."""
+    if fs.get_file_info(base).type == pafs.FileType.NotFound:
+        return 0
+    doomed = [info.path for info in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+              if info.type == pafs.FileType.File and info.base_name.startswith(prefix)]
+    for path in doomed:
+        fs.delete_file(path)
+    if doomed:
+        logger.warning("celery-dlq export: removed %d file(s) of an interrupted export", len(doomed))
+    return len(doomed)
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """The stream at one instant: last id, length, first id, and entries ever added (None: unknown)."""
+
+    last_id: str
+    length: int
+    first_id: str | None
+    added: int | None
+
+    @classmethod
+    def read(cls, client: Any, key: str) -> StreamState | None:
+        """The state of stream ``key`` (one atomic round trip), or None if there is no stream."""
+        pipe = client.pipeline(transaction=True)
+        pipe.exists(key)
+        pipe.xinfo_stream(key)
+        try:
+            _, info = pipe.execute()
+        except Exception as exc:  # no such key
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        first = info.get("first-entry")
+        return cls(last_id=_text(info["last-generated-id"]), length=int(info["length"]),
+                   first_id=_text(first[0]) if first else None,
+                   added=int(info["entries-added"]) if info.get("entries-added") is not None else None)
+
+    def lost_after(self, checkpoint: Checkpoint) -> int | None:
+        """Events added after the checkpoint that the stream no longer holds; None: cannot tell."""
+        if self.added is None:
+            return None
+        if checkpoint.last_id is None:
+            return self.added - self.length          # trimmed before the first export
+        if self.first_id is not None and parse_id(self.first_id) <= parse_id(checkpoint.last_id):
+            return 0                                  # the stream still reaches back to the checkpoint
+        if checkpoint.added is None:
+            return None
+        return max(0, self.added - checkpoint.added - self.length)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
+                  flush_rows: int = 500_000) -> ExportResult:
+    """Export every event after ``out``'s checkpoint; ``read_count`` per XRANGE, ``flush_rows`` per flush."""
+    started = time.perf_counter()
+    fs, root = filesystem(out)
+    base = f"{root}/{EVENTS_DIR}"
+    log = EventLog(client, keys, max_length=0)
+    checkpoint = Checkpoint.load(fs, root, log.key)
+    if checkpoint.pending:
+        _delete_pending(fs, base, checkpoint.pending)
+        checkpoint.pending = None
+        checkpoint.save(fs, root)
+    state = StreamState.read(client, log.key)
+    if state is None or (checkpoint.last_id and parse_id(state.last_id) <= parse_id(checkpoint.last_id)):
+        return ExportResult(last_id=checkpoint.last_id, seconds=time.perf_counter() - started)
+    lost = state.lost_after(checkpoint)
+    if lost:
+        logger.warning("celery-dlq export: %d events after %s were trimmed from %s before any export; "
+                       "export more often or raise dlq_events_max_length", lost, checkpoint.last_id, log.key)
+    rows, files = 0, []
+    buffer: list[tuple[str, Mapping]] = []
+    after = checkpoint.last_id
+    while True:
+        entries = log.read(after, read_count, until=state.last_id)
+        buffer.extend(entries)
+        after = entries[-1][0] if entries else after
+        done = len(entries) < read_count
+        if buffer and (done or len(buffer) >= flush_rows):
+            files += _flush(fs, root, base, checkpoint, buffer)
+            rows += len(buffer)
+            buffer = []
+        if done:
+            break
+    # Everything up to the stream's last id at the start is exported (or was gone already).
+    checkpoint.last_id, checkpoint.added = state.last_id, state.added
+    checkpoint.save(fs, root)
+    return ExportResult(rows=rows, files=tuple(files), last_id=checkpoint.last_id, events_lost=lost,
+                        seconds=time.perf_counter() - started)
+
+
+def _flush(fs: pafs.FileSystem, root: str, base: str, checkpoint: Checkpoint,
+           buffer: list[tuple[str, Mapping]]) -> list[str]:
+    prefix = f"part-{buffer[0][0]}-"
+    checkpoint.pending = prefix
+    checkpoint.save(fs, root)
+    files = _write_partitioned(event_table(buffer), fs, base, prefix)
+    checkpoint.pending = None
+    checkpoint.last_id, checkpoint.added = buffer[-1][0], None
+    checkpoint.rows += len(buffer)
+    checkpoint.save(fs, root)
+    return files
+
+
+# -- snapshot of the DLQs --------------------------------------------------------
+
+def snapshot_table(letters: Iterable[tuple[str, bytes]], snapshot_at_us: int) -> pa.Table:
+    """``(dlq name, raw DLQ element)`` pairs as rows of ``SNAPSHOT_SCHEMA`` (type ``in_dlq``)."""
+    rows: list[tuple[str, Mapping]] = []
+    for n, (dlq, raw) in enumerate(letters):
+        try:
+            envelope = letter_from_raw(raw)
+        except (ValueError, TypeError, AttributeError):
+            logger.warning("celery-dlq export: skipping an unreadable message in %s", dlq)
+            continue
+        at = envelope.headers.get(H.DEAD_LETTERED_AT)
+        event = event_of(SNAPSHOT_TYPE, envelope, ts=at if at is not None else snapshot_at_us / 1e6,
+                         dlq=dlq, with_record=True)
+        rows.append((f"snapshot:{dlq}:{n}", event.to_fields()))
+    table = event_table(rows).drop_columns(["dt"])
+    at = pa.array([snapshot_at_us] * table.num_rows, TIMESTAMP)
+    return table.append_column("snapshot_at", at)
+
+
+def export_snapshot(letters: Iterable[tuple[str, bytes]], out: str, *, now: float | None = None,
+                    batch: int = 10_000) -> tuple[int, str]:
+    """Write what the DLQs hold now to ``PATH/snapshots/``; returns (rows, file)."""
+    fs, root = filesystem(out)
+    now = time.time() if now is None else now
+    at_us = int(round(now * 1_000_000))
+    stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    folder = f"{root}/{SNAPSHOTS_DIR}"
+    fs.create_dir(folder, recursive=True)
+    final, tmp = f"{folder}/snapshot-{stamp}.parquet", f"{folder}/_tmp-snapshot-{stamp}.parquet"
+    rows, chunk = 0, []
+    with pq.ParquetWriter(tmp, SNAPSHOT_SCHEMA, filesystem=fs, compression="zstd") as writer:
+        for item in letters:
+            chunk.append(item)
+            if len(chunk) >= batch:
+                rows += _write_snapshot_chunk(writer, chunk, at_us)
+                chunk = []
+        rows += _write_snapshot_chunk(writer, chunk, at_us)
+    fs.move(tmp, final)
+    return rows, final
+
+
+def _write_snapshot_chunk(writer: pq.ParquetWriter, chunk: list, at_us: int) -> int:
+    table = snapshot_table(chunk, at_us)
+    writer.write_table(table)
+    return table.num_rows
+
+
+def dlq_contents(operator: Any) -> Iterable[tuple[str, bytes]]:
+    """Every dead letter in every DLQ the operator tools know (``celery_dlq.manage.Operator``)."""
+    for name in sorted(operator.known(operator.parked.store.counts_by_queue())):
+        for letter in operator.queue(name).entries():
+            yield name, letter.raw
+
+
+def export_app(app: Any, out: str, *, snapshot: bool = False, now: float | None = None) -> ExportResult:
+    """``celery dlq export``: the app's event stream, and with ``snapshot`` its DLQs' contents."""
+    from celery_dlq.extension import get_dlq
+
+    dlq = get_dlq(app)
+    result = export_events(dlq.client, dlq.keys, out)
+    if not snapshot:
+        return result
+    from celery_dlq.manage import Operator
+
+    rows, path = export_snapshot(dlq_contents(Operator(app, client=dlq.client)), out, now=now)
+    return ExportResult(rows=result.rows, files=result.files, last_id=result.last_id,
+                        events_lost=result.events_lost,
+                        snapshot_rows=rows, snapshot_file=path, seconds=result.seconds)

@@ -1,0 +1,188 @@
+"""The per-app runtime: settings, the Redis client, the store, the dead-letterer.
+
+:func:`install` attaches one :class:`DLQ` to an app and adds the worker's
+consumer bootsteps. Every Redis connection is made lazily and per process, so
+prefork children never share a socket with their parent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Mapping
+
+import redis
+
+from celery_dlq import events
+from celery_dlq import headers as H
+from celery_dlq.deadletter import DeadLetterer
+from celery_dlq.envelope import Envelope
+from celery_dlq.keys import Keys, Scripts
+from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.settings import DLQSettings
+from celery_dlq.signals import send_isolated, task_redelivery_scheduled
+from celery_dlq.store import DelayedStore
+
+logger = logging.getLogger(__name__)
+
+ATTR = "_celery_dlq"
+STAT_PARKED = "parked"
+
+
+class DLQ:
+    """celery-dlq's state for one app, built on first use."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._settings: DLQSettings | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    # -- configuration ------------------------------------------------------
+
+    @property
+    def settings(self) -> DLQSettings:
+        if self._settings is None:
+            self._settings = DLQSettings.from_conf(self.app.conf)
+        return self._settings
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` now for any bad setting or task policy.
+
+        Resolves the policy of every registered task for every configured
+        queue, so cross-level merges are checked before the first failure.
+        """
+        self._settings = DLQSettings.from_conf(self.app.conf)
+        queues = list(self.app.amqp.queues) or [self.app.conf.task_default_queue]
+        for name, task in list(self.app.tasks.items()):
+            if getattr(task, "redelivery_policy", None) is None and not is_redelivery_task(task):
+                continue
+            for queue in queues:
+                self.policy(task, queue)
+
+    def policy(self, task: Any, queue: str | None) -> RedeliveryPolicy:
+        """The effective policy of ``task`` (a task object or a name) on ``queue``."""
+        name = task if isinstance(task, str) else task.name
+        task_obj = self.app.tasks.get(name) if isinstance(task, str) else task
+        return self.settings.policy_for(name, queue, lambda: task_policy_fields(task_obj))
+
+    # -- Redis --------------------------------------------------------------
+
+    def _connect(self) -> None:
+        settings = self.settings
+        self._client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self.keys = Keys(settings.key_prefix, settings.global_keyprefix)
+        self.scripts = Scripts(self._client)
+        self._store = DelayedStore(self._client, self.keys)
+        self._deadletterer = DeadLetterer(self.app, self._client, self.keys, settings.audit_ttl)
+        self._pid = os.getpid()
+
+    def _ensure(self) -> None:
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._connect()
+
+    @property
+    def client(self) -> redis.Redis:
+        self._ensure()
+        return self._client
+
+    @property
+    def store(self) -> DelayedStore:
+        self._ensure()
+        return self._store
+
+    @property
+    def deadletterer(self) -> DeadLetterer:
+        self._ensure()
+        return self._deadletterer
+
+    # -- operations ---------------------------------------------------------
+
+    def count_delivery(self, task_id: str, tag: Any, floor: int) -> int:
+        """Persist one more delivery of a message and return its number (>= ``floor``)."""
+        self._ensure()
+        key = self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
+        return self.scripts.count_delivery(key, floor, int(self.settings.delivery_count_ttl))
+
+    def park(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
+        """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
+
+        Returns the due time. Raises on any Redis error, before which nothing
+        was acknowledged.
+        """
+        now = time.time()
+        due = now + max(0.0, float(delay))
+        nxt = delivery + 1
+        copy = envelope.with_headers(H.redelivery_headers(
+            envelope.headers, delivery=nxt, queue=envelope.queue, exchange=envelope.exchange,
+            routing_key=envelope.routing_key, failure=failure, now=now))
+        entry_id = f"{envelope.task_id or 'unknown'}:{nxt}"
+        self.store.park(entry_id, copy.dumps(), envelope.queue, due)
+        self.client.hincrby(self.keys.stats, STAT_PARKED, 1)
+        events.parked(self, copy, failure=failure, delivery=delivery, due=due, now=now)
+        send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
+                      task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
+        return due
+
+    def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
+        return self.deadletterer.dead_letter(envelope, **kwargs)
+
+
+def install(app: Any, validate: bool = True) -> DLQ:
+    """Enable celery-dlq on ``app``: idempotent; adds the worker bootsteps, validates settings.
+
+    Settings are validated now (unless ``validate=False``: binding a
+    ``RedeliveryTask`` installs that way, since the app may not be configured
+    yet), and always again when a worker starts, so a bad setting stops the
+    worker with the setting's name.
+    """
+    dlq = app.__dict__.get(ATTR)
+    if dlq is None:
+        from celery_dlq.guard import Guard
+        from celery_dlq.mover import Mover
+
+        dlq = DLQ(app)
+        setattr(app, ATTR, dlq)
+        app.steps["consumer"].add(Guard)
+        app.steps["consumer"].add(Mover)
+    if validate:
+        dlq.validate()
+    return dlq
+
+
+def get_dlq(app: Any) -> DLQ:
+    dlq = app.__dict__.get(ATTR)
+    return dlq if dlq is not None else install(app, validate=False)
+
+
+def resolve_policy(app: Any, task_name: str, queue: str | None) -> RedeliveryPolicy:
+    """The effective :class:`RedeliveryPolicy` of a task on a queue (cached per pair)."""
+    return get_dlq(app).policy(task_name, queue)
+
+
+def task_policy_fields(task: Any) -> dict[str, Any]:
+    from celery_dlq.policy import validate_fields
+
+    spec = getattr(task, "redelivery_policy", None) if task is not None else None
+    if spec is None:
+        return {}
+    return validate_fields(spec, f"task {getattr(task, 'name', task)!r} redelivery_policy")
+
+
+def is_redelivery_task(task: Any) -> bool:
+    from celery_dlq.task import RedeliveryTask
+
+    return isinstance(task, RedeliveryTask)
+
+
+def delivery_count(request: Any) -> int:
+    """This delivery's number inside a task (1 on the first delivery).
+
+    ``request`` is ``task.request``; the count is the persisted one when
+    ``persist_delivery_count_before_delivery`` is on, else the header's.
+    """
+    getter = request.get if hasattr(request, "get") else (lambda k, d=None: getattr(request, k, d))
+    return H.delivery_count_of({H.DELIVERY_COUNT: getter(H.DELIVERY_COUNT, None)})

@@ -1,0 +1,63 @@
+"""Consumer bootstep that dead-letters messages Celery would otherwise discard.
+
+Celery rejects (deletes, on Redis) a message naming an unregistered task, an
+invalid message and a message of an unknown format, and acknowledges one it
+cannot decode. This step wraps those consumer callbacks so the raw message
+is dead-lettered first (``unknown_task`` / ``invalid_message``). It also
+validates the ``dlq_*`` settings: a bad one stops the worker at start, with
+the setting's name.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from celery import bootsteps
+
+from celery_dlq import headers as H
+from celery_dlq.envelope import Envelope, queue_of
+from celery_dlq.headers import Reason
+
+logger = logging.getLogger(__name__)
+
+
+class Guard(bootsteps.StartStopStep):
+    """Validates settings and wraps the consumer's discard paths (before the loop starts)."""
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        from celery_dlq.extension import get_dlq
+
+        self.dlq = get_dlq(c.app)
+        self.dlq.validate()
+        c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
+        c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
+        c.on_unknown_message = self._wrap(c, c.on_unknown_message, Reason.INVALID_MESSAGE, body_first=True)
+        c.on_decode_error = self._wrap(c, c.on_decode_error, Reason.INVALID_MESSAGE, body_first=False)
+        super().__init__(c, **kwargs)
+
+    def _wrap(self, c: Any, original: Callable, reason: str, *, body_first: bool) -> Callable:
+        def dead_letter_first(*args: Any) -> Any:
+            message = args[1] if body_first else args[0]
+            exc = args[2] if body_first and len(args) > 2 else (args[1] if not body_first else None)
+            if not self._dead_letter(c, message, reason, exc):
+                return None  # left unacknowledged: the broker will deliver it again
+            return original(*args)
+
+        dead_letter_first.__name__ = getattr(original, "__name__", "handler")
+        return dead_letter_first
+
+    def _dead_letter(self, c: Any, message: Any, reason: str, exc: Any) -> bool:
+        queue = queue_of(c.app, message.delivery_info)
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        name = headers.get("task") or "unknown"
+        failure = H.describe_exception(exc, "") if exc is not None else \
+            {"type": "", "message": f"message of unknown format on {queue!r}", "traceback": ""}
+        try:
+            policy = self.dlq.policy(name, queue)
+            self.dlq.dead_letter(Envelope.from_message(message, queue), delivery=H.delivery_count_of(headers),
+                                 policy=policy, reason=reason, failure=failure, worker=c.hostname)
+        except Exception:
+            logger.exception("celery-dlq: could not dead-letter a %s message from %r; "
+                             "leaving it unacknowledged", reason, queue)
+            return False
+        return True

@@ -1,0 +1,23 @@
+-- remove.lua: delete a parked or leased entry outright (operator "delete").
+--
+-- KEYS[1] = delayed   (ZSET) entry_id -> due time (ms)
+-- KEYS[2] = leases    (ZSET) entry_id -> lease expiry (ms)
+-- KEYS[3] = payloads  (HASH) entry_id -> payload bytes
+-- KEYS[4] = queues    (HASH) entry_id -> original queue name
+-- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
+--
+-- ARGV[1] = entry_id
+--
+-- Returns 1 when something was deleted, 0 when the entry was unknown.
+
+local id = ARGV[1]
+local removed = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
+local queue = redis.call('HGET', KEYS[4], id)
+removed = removed + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
+if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
+    redis.call('HDEL', KEYS[5], queue)
+end
+if removed > 0 then
+    return 1
+end
+return 0

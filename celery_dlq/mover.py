@@ -1,0 +1,120 @@
+"""The consumer bootstep that moves due parked messages back to their queues.
+
+Every worker runs one; they share the store safely because a claim is a
+lease (claim, publish, then delete; an expired lease makes the entry due
+again), so several movers neither lose nor duplicate a message unless one
+dies between publish and delete, when the lease expiry redelivers it (at
+least once). It runs in its own thread so a slow Redis never stalls the
+consumer's event loop.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from celery import bootsteps
+from kombu.utils.url import maybe_sanitize_url
+
+from celery_dlq import events
+from celery_dlq.envelope import Envelope
+
+logger = logging.getLogger(__name__)
+
+STAT_REDELIVERED = "redelivered"
+MAX_BACKOFF = 5.0
+
+
+class MoverThread(threading.Thread):
+    """Claims due entries in batches and publishes them until stopped."""
+
+    def __init__(self, app: Any, dlq: Any) -> None:
+        super().__init__(name="celery-dlq-mover", daemon=True)
+        self.app = app
+        self.dlq = dlq
+        settings = dlq.settings
+        self.interval = settings.mover_interval
+        self.batch_size = settings.mover_batch_size
+        self.lease = settings.claim_lease
+        self._stop_event = threading.Event()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def run(self) -> None:
+        wait = self.interval
+        while not self._stop_event.wait(wait):
+            try:
+                self.move_due()
+                wait = self.interval
+            except Exception:
+                wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
+                logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
+                                 maybe_sanitize_url(self.dlq.settings.redis_url), wait)
+
+    def move_due(self) -> int:
+        """Move every due entry now, a batch per round trip; returns how many were published."""
+        moved = 0
+        store = self.dlq.store
+        while not self._stop_event.is_set():
+            claimed = store.claim_due(limit=self.batch_size, lease=self.lease)
+            if not claimed:
+                break
+            moved += self._publish(claimed)
+            if len(claimed) < self.batch_size:
+                break
+        return moved
+
+    def _publish(self, claimed: list) -> int:
+        """Publish then delete each claimed entry; on a failure give the rest back and raise.
+
+        Released entries come due again after a back-off, not at once, so a
+        broker outage does not turn the mover into a busy loop.
+        """
+        store = self.dlq.store
+        published = 0
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for entry in claimed:
+                    Envelope.loads(entry.payload).publish(producer)
+                    store.ack(entry)
+                    published += 1
+        except Exception:
+            retry_at = time.time() + max(1.0, self.interval)
+            for entry in claimed[published:]:
+                store.release(entry, due=retry_at)
+            raise
+        finally:
+            if published:
+                self.dlq.client.hincrby(self.dlq.keys.stats, STAT_REDELIVERED, published)
+                events.redelivered(self.dlq, claimed[:published])
+        return published
+
+
+class Mover(bootsteps.StartStopStep):
+    """Consumer bootstep: one mover thread per worker."""
+
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        from celery_dlq.extension import get_dlq
+
+        self.dlq = get_dlq(c.app)
+        self.thread: MoverThread | None = None
+        super().__init__(c, **kwargs)
+
+    def start(self, c: Any) -> None:
+        self.thread = MoverThread(c.app, self.dlq)
+        self.thread.start()
+        logger.info("celery-dlq mover: moving due messages every %.2fs from redis %s",
+                    self.dlq.settings.mover_interval, maybe_sanitize_url(self.dlq.settings.redis_url))
+
+    def stop(self, c: Any) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    shutdown = stop

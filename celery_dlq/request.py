@@ -1,0 +1,204 @@
+"""The worker's main-process half of the takeover: a Request subclass and a Strategy wrapper.
+
+The request holds the raw kombu message and sees every outcome (ordinary
+exceptions, ``Redeliver`` from the child, a lost worker process, a hard time
+limit), so it is where the original message is parked or dead-lettered, and
+only then acknowledged. If that write fails the message is left
+unacknowledged for the broker to deliver again: nothing is dropped because
+our own write failed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.utils.serialization import UnpickleableExceptionWrapper
+from celery.worker.request import Request
+from celery.worker.state import task_ready
+from celery.worker.strategy import default as default_strategy
+from kombu.utils.url import maybe_sanitize_url
+
+from celery_dlq import headers as H
+from celery_dlq.envelope import Envelope, queue_of
+from celery_dlq.extension import get_dlq
+from celery_dlq.headers import Reason
+from celery_dlq.task import Redeliver
+
+logger = logging.getLogger(__name__)
+
+_PASS_THROUGH = (Ignore, Reject, MemoryError)
+
+
+def _unwrap(exc: Any) -> Any:
+    return getattr(exc, "exc", exc) if type(exc).__name__ == "ExceptionWithTraceback" else exc
+
+
+def _failure(exc: Any, traceback: str | None) -> dict[str, str]:
+    if isinstance(exc, UnpickleableExceptionWrapper):
+        return {"type": f"{exc.exc_module}.{exc.exc_cls_name}".removeprefix("builtins."),
+                "message": H.truncate(str(exc.text) if hasattr(exc, "text") else str(exc.exc_args)),
+                "traceback": H.truncate(traceback or "")}
+    return H.describe_exception(exc, traceback or "")
+
+
+class RedeliveryRequest(Request):
+    """Parks or dead-letters the original message before acknowledging it."""
+
+    _dlq_handled = False
+
+    # -- entry points from the pool ------------------------------------------
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        exc = _unwrap(exc_info.exception)
+        if self._dlq_handled:  # a hard time limit reports twice
+            return None
+        if isinstance(exc, Redeliver):
+            return self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok)
+        if isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or self._dlq_process_exit(exc):
+            reason = Reason.TIME_LIMIT if isinstance(exc, TimeLimitExceeded) else Reason.WORKER_LOST
+            return self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)
+        if isinstance(exc, (Retry, *_PASS_THROUGH, SystemExit, KeyboardInterrupt)) \
+                or type(exc).__name__ == "Terminated":
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        return self._dlq_final(exc, exc_info, send_failed_event, return_ok)
+
+    def on_timeout(self, soft, timeout):
+        if soft or self._dlq_handled:
+            return super().on_timeout(soft, timeout)
+        exc = TimeLimitExceeded(timeout)
+        failure = {"type": "billiard.exceptions.TimeLimitExceeded",
+                   "message": f"hard time limit ({timeout}s) exceeded", "traceback": ""}
+        if self._dlq_takeover(failure, Reason.TIME_LIMIT, lost=True) == "parked":
+            self._dlq_handled = True
+            return self._dlq_finish_parked(exc, None)
+        self._dlq_handled = True
+        return super().on_timeout(soft, timeout)
+
+    # -- outcomes ------------------------------------------------------------
+
+    def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
+        envelope, policy, delivery = self._dlq_context()
+        try:
+            get_dlq(self.app).park(envelope, delivery=delivery, failure=exc.failure, delay=exc.when or 0.0)
+        except Exception:
+            return self._dlq_write_failed("park")
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_final(self, exc, exc_info, send_failed_event, return_ok):
+        envelope, policy, delivery = self._dlq_context()
+        if isinstance(exc, SoftTimeLimitExceeded):
+            reason = Reason.TIME_LIMIT
+        elif policy.attempts_left(delivery):
+            reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise
+        else:
+            reason = Reason.MAX_DELIVERY_ATTEMPTS
+        if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False) is None:
+            return None
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
+        outcome = self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=True)
+        self._dlq_handled = True
+        if outcome is None:
+            return None
+        if outcome == "parked":
+            return self._dlq_finish_parked(exc, exc_info.traceback)
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_takeover(self, failure, reason, *, lost: bool) -> str | None:
+        """Park (a lost worker with deliveries left) or dead-letter; None if the write failed."""
+        envelope, policy, delivery = self._dlq_context()
+        dlq = get_dlq(self.app)
+        try:
+            if lost and policy.attempts_left(delivery):
+                dlq.park(envelope, delivery=delivery, failure=failure, delay=policy.delay_after(delivery))
+                return "parked"
+            dlq.dead_letter(envelope, delivery=delivery, policy=policy, reason=reason,
+                            failure=failure, worker=self.hostname)
+            return "dead_lettered"
+        except Exception:
+            self._dlq_write_failed("dead-letter" if not lost else "park or dead-letter")
+            return None
+
+    def _dlq_finish_parked(self, exc, traceback):
+        """What Celery does for a retry: request done, RETRY state, message acknowledged."""
+        task_ready(self)
+        try:
+            self.task.backend.mark_as_retry(self.id, exc, traceback, request=self._context)
+        except Exception:
+            logger.exception("celery-dlq: could not record RETRY state of %s[%s]", self.name, self.id)
+        self.acknowledge()
+        self.send_event("task-retried", exception=repr(exc), traceback=traceback or "")
+
+    def _dlq_write_failed(self, what: str) -> None:
+        url = maybe_sanitize_url(get_dlq(self.app).settings.redis_url)
+        logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
+                         "unacknowledged so the broker delivers it again", what, self.name, self.id, url)
+        task_ready(self)
+
+    def _dlq_process_exit(self, exc) -> bool:
+        return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (
+            self._already_cancelled or self._already_revoked)
+
+    def _dlq_context(self):
+        message = self._message
+        queue = queue_of(self.app, message.delivery_info)
+        envelope = Envelope.from_message(message, queue)
+        policy = get_dlq(self.app).policy(self.task, queue)
+        delivery = H.delivery_count_of(self._request_dict)
+        return envelope, policy, delivery
+
+
+def strategy(task, app, consumer, **kwargs):
+    """Celery's default strategy, with the delivery counted in Redis first.
+
+    Runs in the main process before the request is executed. With
+    ``persist_delivery_count_before_delivery`` the count survives the death
+    of any process; a message whose count is already past
+    ``max_delivery_attempts`` (its last delivery never reported back: the
+    worker died) is dead-lettered with reason ``worker_lost`` instead of run.
+    """
+    handler = default_strategy(task, app, consumer, **kwargs)
+    dlq = get_dlq(app)
+    hostname = consumer.hostname
+
+    def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
+        headers = message.headers
+        if isinstance(headers, dict) and headers.get("id"):
+            queue = queue_of(app, message.delivery_info)
+            policy = dlq.policy(task, queue)
+            if policy.persist_delivery_count_before_delivery:
+                if _count_or_dead_letter(dlq, message, headers, queue, policy, hostname):
+                    return None
+        return handler(message, body, ack, reject, callbacks, **kw)
+
+    return dlq_task_message_handler
+
+
+def _count_or_dead_letter(dlq, message, headers, queue, policy, hostname) -> bool:
+    """Persist this delivery; True when the message was dead-lettered instead of run."""
+    floor = H.delivery_count_of(headers)
+    try:
+        count = dlq.count_delivery(headers["id"], (message.properties or {}).get("delivery_tag"), floor)
+    except Exception:
+        logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
+                         headers.get("task"), headers.get("id"), floor)
+        count = floor
+    headers[H.DELIVERY_COUNT] = count
+    if policy.attempts_left(count - 1):
+        return False
+    failure = {"type": "billiard.exceptions.WorkerLostError",
+               "message": f"delivery {count - 1} never reported an outcome (the worker was lost)",
+               "traceback": ""}
+    envelope = Envelope.from_message(message, queue)
+    try:
+        dlq.dead_letter(envelope, delivery=count - 1, policy=policy, reason=Reason.WORKER_LOST,
+                        failure=failure, worker=hostname)
+    except Exception:
+        logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
+                         headers.get("task"), headers.get("id"))
+        return True
+    message.ack()
+    return True

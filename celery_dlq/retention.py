@@ -1,0 +1,139 @@
+"""Retention: a DLQ's length and age limits, applied as dead letters arrive.
+
+A queue's policy may set ``dead_letter_max_length`` (messages) and
+``dead_letter_ttl`` (seconds since ``x-dlq-dead-lettered-at``); both default
+to none, so nothing is ever deleted unless asked (Sidekiq keeps 10,000 dead
+jobs for 180 days). Trimming runs right after each dead letter is published,
+in the worker that published it, so there is no sweeper to run or forget.
+
+Oldest first: the right end of the DLQ's lists (kombu pushes on the left),
+merged across priority sub-lists by dead-lettered time. Each message goes by
+its exact value (``LREM``), so a concurrent replay or purge of the same
+message makes one of them find it gone, never both act on it. Every trimmed
+message is logged and counted (``stats`` hash, ``dead_letters_trimmed``).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+from kombu.utils import json
+
+from celery_dlq import headers as H
+from celery_dlq.keys import Keys
+from celery_dlq.manage import broker_client, queue_lists
+from celery_dlq.policy import RedeliveryPolicy
+
+logger = logging.getLogger(__name__)
+
+STAT_TRIMMED = "dead_letters_trimmed"
+#: Tail messages read per sub-list and round trip.
+PAGE = 200
+#: At most this many messages are trimmed after one dead letter, so lowering a
+#: limit on a huge DLQ does not stall the worker: the backlog goes over time.
+MAX_PER_CALL = 1000
+
+
+def dead_lettered_at(raw: bytes) -> float:
+    """``x-dlq-dead-lettered-at`` of a stored message; 0 (oldest) when it has none."""
+    try:
+        value = (json.loads(raw).get("headers") or {}).get(H.DEAD_LETTERED_AT)
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+class Retention:
+    """Trims DLQs per their policy; one per :class:`~celery_dlq.deadletter.DeadLetterer`.
+
+    ``client`` holds the ``stats`` hash (``dlq_redis_url``); the DLQ lists
+    are on the broker, which is the same client unless they differ.
+    """
+
+    def __init__(self, app: Any, client: Any, keys: Keys, broker: Any = None) -> None:
+        self.app, self.client, self.keys, self._broker = app, client, keys, broker
+        self.lists = queue_lists(app, keys.global_keyprefix)
+
+    @property
+    def broker(self) -> Any:
+        if self._broker is None:
+            from celery_dlq.extension import get_dlq
+
+            self._broker = broker_client(self.app, self.client, get_dlq(self.app).settings.redis_url)
+        return self._broker
+
+    def after_dead_letter(self, dlq: str, policy: RedeliveryPolicy) -> int:
+        """Apply ``policy``'s limits to ``dlq``; never raises (the dead letter is safe already)."""
+        if policy.dead_letter_max_length is None and policy.dead_letter_ttl is None:
+            return 0
+        try:
+            return self.trim(dlq, max_length=policy.dead_letter_max_length, ttl=policy.dead_letter_ttl)
+        except Exception:
+            logger.exception("celery-dlq: could not trim %s (max length %s, ttl %s s)",
+                             dlq, policy.dead_letter_max_length, policy.dead_letter_ttl)
+            return 0
+
+    def trim(self, dlq: str, *, max_length: int | None = None, ttl: float | None = None,
+             now: float | None = None) -> int:
+        """Delete the oldest dead letters of ``dlq`` beyond ``max_length`` or older than ``ttl``."""
+        cutoff = None if ttl is None else (time.time() if now is None else now) - ttl
+        keys = self.lists.keys(dlq)
+        trimmed = 0
+        while trimmed < MAX_PER_CALL:
+            victims = self._victims(keys, max_length, cutoff, MAX_PER_CALL - trimmed)
+            if not victims:
+                break
+            pipe = self.broker.pipeline(transaction=False)
+            for key, raw, _ in victims:
+                pipe.lrem(key, -1, raw)
+            for (key, raw, why), removed in zip(victims, pipe.execute()):
+                if removed:
+                    trimmed += 1
+                    self._log(dlq, raw, why)
+        if trimmed:
+            self.client.hincrby(self.keys.stats, STAT_TRIMMED, trimmed)
+        return trimmed
+
+    def _victims(self, keys: list[str], max_length: int | None, cutoff: float | None,
+                 most: int) -> list[tuple[str, bytes, str]]:
+        """The oldest messages to trim now: ``(key, raw, why)``, from each sub-list's right end."""
+        pipe = self.broker.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+            pipe.lrange(key, -PAGE, -1)
+        replies = pipe.execute()
+        lengths, pages = dict(zip(keys, replies[0::2])), dict(zip(keys, replies[1::2]))
+        excess = max(0, sum(lengths.values()) - max_length) if max_length is not None else 0
+        taken: Counter = Counter()
+        victims = []
+        for at, key, raw in heapq.merge(*(_oldest_first(key, pages[key]) for key in keys)):
+            if len(victims) >= most:
+                break
+            if len(victims) < excess:
+                why = "length"
+            elif cutoff is not None and at < cutoff:
+                why = "ttl"
+            else:
+                break
+            victims.append((key, raw, why))
+            taken[key] += 1
+            if taken[key] == len(pages[key]) < lengths[key]:
+                break  # this sub-list's next message is not read yet: read again
+        return victims
+
+    def _log(self, dlq: str, raw: bytes, why: str) -> None:
+        try:
+            headers = json.loads(raw).get("headers") or {}
+        except (ValueError, AttributeError):
+            headers = {}
+        limit = "over its dead_letter_max_length" if why == "length" else "older than its dead_letter_ttl"
+        logger.warning("celery-dlq: trimmed dead letter %s[%s] from %s: %s", headers.get("task"),
+                       headers.get("id"), dlq, limit)
+
+
+def _oldest_first(key: str, page: list[bytes]) -> Iterator[tuple[float, str, bytes]]:
+    for raw in reversed(page):
+        yield dead_lettered_at(raw), key, raw

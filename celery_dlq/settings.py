@@ -1,0 +1,165 @@
+"""The only reader of ``app.conf`` ``dlq_*`` settings: defaults, validation, policy resolution.
+
+Every error names the setting (and the pattern and field where there is one),
+and happens when :func:`celery_dlq.install` runs or the worker starts, never
+at the first failure. Unknown ``dlq_*`` names are errors too: a typo in a
+setting name would otherwise silently fall back to a default.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import threading
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, Callable, Mapping
+
+from kombu.utils.url import maybe_sanitize_url
+
+from celery_dlq.errors import ConfigurationError
+from celery_dlq.matching import PatternMap, merge_fields
+from celery_dlq.policy import RedeliveryPolicy, validate_fields
+
+DAY = 86400.0
+
+#: setting name -> default. Times are seconds.
+DEFAULTS: dict[str, Any] = {
+    "dlq_default_policy": None,
+    "dlq_task_policies": None,
+    "dlq_queue_policies": None,
+    "dlq_redis_url": None,          # None: the broker URL when the broker is Redis
+    "dlq_key_prefix": "celery_dlq",
+    "dlq_mover_interval": 0.2,      # how often each worker's mover looks for due messages
+    "dlq_mover_batch_size": 100,    # entries claimed per Redis round trip
+    "dlq_claim_lease": 30.0,        # a claimed entry becomes due again if not published by then
+    "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
+    "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
+    "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
+}
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _count_or_zero(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _policy_fields(value: Any, where: str) -> dict[str, Any]:
+    return {} if value is None else validate_fields(value, where)
+
+
+@dataclass
+class DLQSettings:
+    """Validated ``dlq_*`` settings of one app. Build with :meth:`from_conf`."""
+
+    redis_url: str
+    key_prefix: str
+    global_keyprefix: str
+    mover_interval: float
+    mover_batch_size: int
+    claim_lease: float
+    delivery_count_ttl: float
+    audit_ttl: float
+    events_max_length: int
+    default_policy: dict[str, Any]
+    task_policies: PatternMap
+    queue_policies: PatternMap
+    _cache: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> DLQSettings:
+        check_unknown(conf)
+        get = lambda name: conf.get(name, DEFAULTS[name])  # noqa: E731
+        prefix = get("dlq_key_prefix")
+        if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}"):
+            raise ConfigurationError(
+                f"dlq_key_prefix must be a non-empty string without braces, got {prefix!r}")
+        return cls(
+            redis_url=_redis_url(conf),
+            key_prefix=prefix,
+            global_keyprefix=_global_keyprefix(conf),
+            mover_interval=_positive("dlq_mover_interval", get("dlq_mover_interval")),
+            mover_batch_size=_count("dlq_mover_batch_size", get("dlq_mover_batch_size")),
+            claim_lease=_positive("dlq_claim_lease", get("dlq_claim_lease")),
+            delivery_count_ttl=_positive("dlq_delivery_count_ttl", get("dlq_delivery_count_ttl")),
+            audit_ttl=_positive("dlq_audit_ttl", get("dlq_audit_ttl")),
+            events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
+            default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
+            task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
+            queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),
+        )
+
+    @property
+    def safe_redis_url(self) -> str:
+        """The Redis URL with any password masked, for logs and errors."""
+        return maybe_sanitize_url(self.redis_url)
+
+    def policy_for(self, task_name: str, queue: str | None,
+                   task_fields: Callable[[], Mapping[str, Any]] = dict) -> RedeliveryPolicy:
+        """The effective policy for a (task, queue) pair, computed once and cached.
+
+        Highest first, merged field by field: the task's own policy, then
+        ``dlq_task_policies`` (by task name), then ``dlq_queue_policies`` (by
+        queue), then ``dlq_default_policy``, then the field defaults.
+        """
+        key = (task_name, queue)
+        policy = self._cache.get(key)
+        if policy is None:
+            layers = [task_fields(), *self.task_policies.matching(task_name)]
+            if queue is not None:
+                layers += self.queue_policies.matching(queue)
+            layers.append(self.default_policy)
+            where = f"policy for task {task_name!r} on queue {queue!r}"
+            try:
+                policy = RedeliveryPolicy(**merge_fields(layers))
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}: {exc}") from None
+            with self._lock:
+                self._cache[key] = policy
+        return policy
+
+
+def check_unknown(conf: Mapping[str, Any]) -> None:
+    """Refuse ``dlq_*`` names we do not know, suggesting the closest one."""
+    for name in list(conf.keys()):
+        if isinstance(name, str) and name.startswith("dlq_") and name not in DEFAULTS:
+            close = difflib.get_close_matches(name, list(DEFAULTS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigurationError(f"unknown setting {name!r}{hint}")
+
+
+def _global_keyprefix(conf: Mapping[str, Any]) -> str:
+    options = conf.get("broker_transport_options") or {}
+    return options.get("global_keyprefix") or ""
+
+
+def _redis_url(conf: Mapping[str, Any]) -> str:
+    url = conf.get("dlq_redis_url")
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+            raise ConfigurationError(
+                f"dlq_redis_url must be a redis://, rediss:// or unix:// URL, got {maybe_sanitize_url(str(url))!r}")
+        return url
+    broker = conf.get("broker_url")
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0] if broker else None
+    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
+        return broker
+    shown = maybe_sanitize_url(broker) if isinstance(broker, str) else broker
+    raise ConfigurationError(
+        f"dlq_redis_url is required when the broker is not Redis (broker_url is {shown!r})")

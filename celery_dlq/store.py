@@ -1,0 +1,258 @@
+"""The delayed store: retries parked in Redis until they are due.
+
+A failed task's message is *parked* here with a due time instead of being
+retried with a broker countdown. A mover *claims* due entries with a lease,
+publishes each back to its queue, then *acks* it. Claiming never pops: the
+entry moves from ``delayed`` to ``leases`` in one script and is deleted only
+by the ack, so a mover that dies between claim and publish loses nothing;
+its lease expires and the entry becomes due again (kombu's ``unacked`` +
+``restore_visible`` model). Delivery is therefore at-least-once: a mover that
+published but could not ack (lease expired meanwhile) may cause a duplicate.
+
+The lease expiry (integer ms) doubles as a fencing token. A lease can only be
+re-claimed once it expired, and the new lease ends strictly later, so ack and
+release compare it and never touch a lease another mover holds.
+
+Public times are unix seconds (floats); Redis holds integer milliseconds. Each
+operation over several keys is one Lua script (see ``celery_dlq/lua``).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from celery_dlq.errors import ConfigurationError
+from celery_dlq.keys import Keys, Scripts
+
+#: Entries rescheduled per script call by :meth:`DelayedStore.redeliver_now`.
+REDELIVER_BATCH = 500
+
+
+def to_ms(seconds: float) -> int:
+    """Unix seconds (float) to the integer milliseconds Redis scores hold."""
+    return int(round(seconds * 1000))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An entry a mover holds a lease on; pass it back to ack or release."""
+
+    entry_id: str
+    payload: bytes
+    queue: str
+    lease_until_ms: int
+
+    @property
+    def lease_until(self) -> float:
+        """When the lease expires (unix seconds)."""
+        return self.lease_until_ms / 1000
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry as an operator sees it.
+
+    Exactly one of ``due`` and ``lease_until`` is set: a parked entry has a
+    due time; a leased one is being moved and becomes due again at
+    ``lease_until`` unless the mover acks it first.
+    """
+
+    entry_id: str
+    payload: bytes
+    queue: str
+    due: float | None
+    lease_until: float | None
+
+    @property
+    def leased(self) -> bool:
+        return self.lease_until is not None
+
+    @property
+    def next_time(self) -> float:
+        """Due time, or lease expiry for a leased entry: the listing order."""
+        return self.due if self.due is not None else self.lease_until  # type: ignore[return-value]
+
+
+def _entry(entry_id: Any, payload: bytes, queue: Any, score_ms: int, leased: bool) -> Entry:
+    seconds = score_ms / 1000
+    return Entry(_text(entry_id), payload, _text(queue),
+                 None if leased else seconds, seconds if leased else None)
+
+
+class DelayedStore:
+    """Parked retries in Redis: park, claim due with a lease, ack or release.
+
+    ``client`` must return bytes (``decode_responses=False``, kombu's own
+    setting), since payloads are opaque bytes. ``clock`` gives unix seconds;
+    tests pass a fake one, or ``now=`` to the methods that take it.
+    """
+
+    def __init__(self, client: Any, keys: Keys,
+                 clock: Callable[[], float] = time.time) -> None:
+        get_kwargs = getattr(client, "get_connection_kwargs", None)
+        if get_kwargs is not None and get_kwargs().get("decode_responses"):
+            raise ConfigurationError(
+                "DelayedStore needs a Redis client with decode_responses=False: "
+                "payloads are bytes")
+        self.client = client
+        self.keys = keys
+        self.clock = clock
+        self._scripts = Scripts(client)
+
+    def _now_ms(self, now: float | None) -> int:
+        return to_ms(self.clock() if now is None else now)
+
+    # -- the mover's side ------------------------------------------------------
+
+    def park(self, entry_id: str, payload: bytes, queue: str, due: float) -> bool:
+        """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
+
+        Idempotent: when ``entry_id`` is already parked or leased nothing
+        changes and the result is False, so a message redelivered after its
+        worker died mid-park is not parked (or counted) twice.
+        """
+        return bool(self._scripts.run(
+            "park", self.keys.store_keys(), [entry_id, payload, queue, to_ms(due)]))
+
+    def claim_due(self, limit: int = 100, lease: float = 30.0,
+                  now: float | None = None) -> list[Claimed]:
+        """Lease up to ``limit`` due entries for ``lease`` seconds, oldest due first.
+
+        Expired leases (their mover died or stalled) first become due again.
+        Ack each entry once its message is published, or release it.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        lease_ms = to_ms(lease)
+        if lease_ms < 1:
+            raise ValueError(f"lease must be at least 1 ms, got {lease!r}")
+        now_ms = self._now_ms(now)
+        lease_until_ms = now_ms + lease_ms
+        flat = self._scripts.run("claim_due", self.keys.store_keys(),
+                                 [now_ms, lease_until_ms, int(limit)])
+        return [Claimed(_text(flat[i]), flat[i + 1], _text(flat[i + 2]), lease_until_ms)
+                for i in range(0, len(flat), 3)]
+
+    def ack(self, claimed: Claimed) -> bool:
+        """Delete a claimed entry if the lease is still ours; return whether it was.
+
+        False means the lease expired and the entry is due again or another
+        mover holds it: its message may be delivered twice, never lost.
+        """
+        k = self.keys
+        return bool(self._scripts.run(
+            "ack", [k.leases, k.payloads, k.queues, k.parked],
+            [claimed.entry_id, claimed.lease_until_ms]))
+
+    def release(self, claimed: Claimed, due: float | None = None) -> bool:
+        """Park a claimed entry again at ``due`` (default now), if the lease is ours.
+
+        For a mover that could not publish: the entry is retried without
+        waiting for its lease to expire.
+        """
+        return bool(self._scripts.run(
+            "release", [self.keys.leases, self.keys.delayed],
+            [claimed.entry_id, claimed.lease_until_ms, self._now_ms(due)]))
+
+    # -- the operator's side ---------------------------------------------------
+
+    def remove(self, entry_id: str) -> bool:
+        """Delete a parked or leased entry; return whether it existed.
+
+        A leased entry's message may already be on its way back to its queue;
+        removing it only makes that mover's ack return False.
+        """
+        return bool(self._scripts.run("remove", self.keys.store_keys(), [entry_id]))
+
+    def redeliver_now(self, entry_id: str | None = None, now: float | None = None) -> int:
+        """Make parked entries due now, so the next claim moves them.
+
+        With ``entry_id``: 1 if that entry is parked (now due), 0 if it is
+        unknown or leased (already being moved). Without: every parked entry
+        not yet due is rescheduled, in batches; returns how many were.
+        """
+        now_ms = self._now_ms(now)
+        if entry_id is not None:
+            return int(self._scripts.run(
+                "redeliver_one", [self.keys.delayed], [entry_id, now_ms]))
+        total = 0
+        while True:
+            moved = int(self._scripts.run(
+                "redeliver_all", [self.keys.delayed], [now_ms, REDELIVER_BATCH]))
+            total += moved
+            if moved < REDELIVER_BATCH:
+                return total
+
+    def get(self, entry_id: str) -> Entry | None:
+        """The parked or leased entry ``entry_id``, or None if it is unknown."""
+        k = self.keys
+        row = self._scripts.run(
+            "inspect", [k.delayed, k.leases, k.payloads, k.queues], [entry_id])
+        if not row:
+            return None
+        payload, queue, state, score = row
+        return _entry(entry_id, payload, queue, int(float(score)), _text(state) == "leased")
+
+    def entries(self, queue: str | None = None, batch: int = 500) -> Iterator[Entry]:
+        """Parked and leased entries (of ``queue``, or all), earliest first.
+
+        Ordered by :attr:`Entry.next_time`. Reads ``batch`` entries per
+        round trip and holds at most one batch per set in memory. It is not a
+        snapshot: entries parked, claimed or acked meanwhile may or may not
+        show, and an entry that moves between sets may show twice.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch!r}")
+        parked = self._scan(self.keys.delayed, False, queue, batch)
+        leased = self._scan(self.keys.leases, True, queue, batch)
+        return heapq.merge(parked, leased, key=lambda entry: entry.next_time)
+
+    def _scan(self, key: str, leased: bool, queue: str | None,
+              batch: int) -> Iterator[Entry]:
+        """Page through one sorted set by score, resuming after the last row.
+
+        Paging by score (with an offset among equal scores) rather than by
+        index keeps entries claimed ahead of the cursor from shifting pages.
+        """
+        k = self.keys
+        last_ms, seen_at_last = None, 0
+        while True:
+            low = "-inf" if last_ms is None else str(last_ms)
+            rows = self._scripts.run("page", [key, k.payloads, k.queues],
+                                     [low, seen_at_last, batch])
+            for row in rows:
+                score_ms = int(float(row[1]))
+                if score_ms == last_ms:
+                    seen_at_last += 1
+                else:
+                    last_ms, seen_at_last = score_ms, 1
+                if len(row) == 4 and (queue is None or _text(row[3]) == queue):
+                    yield _entry(row[0], row[2], row[3], score_ms, leased)
+            if len(rows) < batch:
+                return
+
+    def count(self) -> int:
+        """Entries parked or leased, counted at one instant."""
+        k = self.keys
+        return int(self._scripts.run("count", [k.delayed, k.leases], []))
+
+    def counts_by_queue(self) -> dict[str, int]:
+        """Entries parked or leased per queue (queues with none are absent)."""
+        return {_text(queue): int(n)
+                for queue, n in self.client.hgetall(self.keys.parked).items()}
+
+    def next_due(self) -> float | None:
+        """When the next claim would find something (unix seconds), or None.
+
+        That is the earliest due time, or an earlier lease expiry, since an
+        expired lease makes its entry due again.
+        """
+        k = self.keys
+        score = self._scripts.run("next_due", [k.delayed, k.leases], [])
+        return None if score is None else int(float(score)) / 1000

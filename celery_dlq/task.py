@@ -1,0 +1,120 @@
+"""``RedeliveryTask``: the Task base class, the child-process half of the takeover.
+
+In the pool child, an exception that the policy will redeliver is turned into
+:class:`Redeliver` (a Celery :class:`~celery.exceptions.Retry`), so Celery
+records the state as RETRY and fires no error callbacks; the last failure is
+raised as it is, so the task is a FAILURE as Celery users expect. Either way
+the worker's main process (:mod:`celery_dlq.request`) parks or dead-letters
+the original message before it is acknowledged.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Retry
+
+from celery_dlq import headers as H
+from celery_dlq.envelope import queue_of
+
+
+class Redeliver(Retry):
+    """Raised in the child: park the original message and deliver it again in ``when`` seconds.
+
+    Carries the failure as plain strings (``failure``) so it crosses the pool
+    boundary even when the original exception cannot be pickled.
+    """
+
+    def __init__(self, message: str | None = None, exc: BaseException | None = None,
+                 when: float | None = None, failure: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(message, exc, when, **kwargs)
+        self.failure = failure or H.describe_exception(exc)
+
+    def __reduce__(self):
+        return self.__class__, (self.message or str(self), None, self.when, self.failure)
+
+
+class RedeliveryTask(Task):
+    """Base class for tasks with a redelivery policy and a dead-letter queue.
+
+    ``redelivery_policy`` may be a :class:`~celery_dlq.RedeliveryPolicy` or a
+    dict of its fields; unset fields come from ``app.conf`` (see README).
+    Messages are acknowledged late, after the parked copy or the dead letter
+    is stored; a lost worker process is handled here, not requeued by Celery.
+    """
+
+    abstract = True
+    Request = "celery_dlq.request:RedeliveryRequest"
+    Strategy = "celery_dlq.request:strategy"
+    acks_late = True
+    acks_on_failure = True   # only after the dead letter is stored (request.py)
+    acks_on_timeout = True
+    reject_on_worker_lost = False
+    redelivery_policy: Any = None
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        from celery_dlq.extension import install
+
+        install(app, validate=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return super().__call__(*args, **kwargs)
+        try:
+            return self.run(*args, **kwargs)
+        except Retry:
+            raise
+        except Exception as exc:
+            delay = self._redelivery_delay(exc)
+            if delay is None:
+                raise
+            raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc)) from exc
+
+    def _policy_and_delivery(self):
+        from celery_dlq.extension import delivery_count, get_dlq
+
+        request = self.request
+        queue = queue_of(self.app, request.delivery_info)
+        return get_dlq(self.app).policy(self, queue), delivery_count(request)
+
+    def _redelivery_delay(self, exc: BaseException) -> float | None:
+        """Seconds until the next delivery, or None when this failure is the last."""
+        policy, delivery = self._policy_and_delivery()
+        if not policy.is_retryable(exc) or not policy.attempts_left(delivery):
+            return None
+        return policy.delay_after(delivery)
+
+    def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None,
+              max_retries=None, **options):
+        """Redeliver through the Redis-parked path; counts as a delivery.
+
+        ``countdown``/``eta`` override the policy's delay for this one wait.
+        Celery's own path is kept for eager calls, for ``throw=False`` and
+        when new ``args``/``kwargs``/options are given (the original message
+        is what gets parked, so it cannot change them).
+        """
+        request = self.request
+        if (request.called_directly or request.is_eager or not throw
+                or args is not None or kwargs is not None or options):
+            return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
+                                 countdown=countdown, max_retries=max_retries, **options)
+        policy, delivery = self._policy_and_delivery()
+        if not policy.attempts_left(delivery):
+            if exc is not None:
+                raise exc
+            raise self.MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}]: delivery {delivery} of "
+                f"max_delivery_attempts={policy.max_delivery_attempts}")
+        if countdown is not None:
+            when = float(countdown)
+        elif eta is not None:
+            eta = eta if eta.tzinfo else eta.replace(tzinfo=timezone.utc)
+            when = max(0.0, (eta - datetime.now(timezone.utc)).total_seconds())
+        else:
+            when = policy.delay_after(delivery)
+        failure = H.describe_exception(exc) if exc is not None else \
+            {"type": "celery.exceptions.Retry", "message": "retry requested by the task", "traceback": ""}
+        raise Redeliver(exc=exc, when=when, failure=failure)

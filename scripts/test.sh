@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a full test run:
+# creates .venv, installs the package with its dev and spark extras, makes
+# sure a redis-server binary exists (the integration tests start their own on
+# a free port) and Java 17 (PySpark's JVM), then runs pytest. Extra arguments
+# go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[dev,spark]'
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "redis-server not found: installing it with apt-get" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+    # Debian starts a service on install; our tests start their own servers.
+fi
+
+if ! command -v java >/dev/null 2>&1; then
+    echo "java not found: installing openjdk-17-jre-headless with apt-get (PySpark needs it)" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+fi
+
+exec .venv/bin/python -m pytest "$@"

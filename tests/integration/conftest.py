@@ -1,0 +1,123 @@
+"""Real workers in subprocesses, against the test run's own redis-server."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+ROOT = Path(__file__).resolve().parents[2]
+_db_counter = itertools.cycle(range(1, 16))
+
+
+class Worker:
+    """A `celery worker` subprocess (prefork) for the test app in tests/integration/proj.py."""
+
+    def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None):
+        self.env, self.concurrency, self.name, self.log_path = env, concurrency, name, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_ready: bool = True) -> "Worker":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "worker",
+             "-P", "prefork", "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
+             "-n", f"{self.name}@%h", "--without-heartbeat", "--without-mingle", "--without-gossip",
+             "-l", "INFO"],
+            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        if wait_ready:
+            self.wait_for_log("ready.", timeout=30)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for_log(self, text: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker never logged {text!r}:\n{self.log()[-4000:]}")
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+class Harness:
+    """One test's broker database, queue, key prefix, workers and client-side app."""
+
+    def __init__(self, redis_server, tmp_path: Path, unique: str):
+        self.db = next(_db_counter)
+        self.broker = redis_server.url.rsplit("/", 1)[0] + f"/{self.db}"
+        self.queue = f"q{unique}"
+        self.prefix = f"p{unique}"
+        self.tmp_path = tmp_path
+        self.redis = redis.Redis.from_url(self.broker)
+        self.workers: list[Worker] = []
+        self.extra_env: dict[str, str] = {}
+        self.app = Celery("client", broker=self.broker, set_as_current=False)
+        self.app.conf.task_default_queue = self.queue
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(DLQ_TEST_BROKER=self.broker, DLQ_TEST_QUEUE=self.queue, DLQ_TEST_PREFIX=self.prefix,
+                   PYTHONPATH=str(ROOT), **self.extra_env, **extra)
+        return env
+
+    def worker(self, concurrency: int = 2, name: str | None = None, wait_ready: bool = True, **env) -> Worker:
+        name = name or f"w{len(self.workers) + 1}"
+        worker = Worker(self.env(**env), concurrency, name, self.tmp_path / f"{name}.log")
+        self.workers.append(worker)
+        return worker.start(wait_ready)
+
+    def send(self, name: str, args=(), kwargs=None, **options):
+        return self.app.send_task(name, args=args, kwargs=kwargs or {}, queue=self.queue, **options)
+
+    def deliveries(self, task_id: str | None = None) -> list[dict]:
+        rows = [json.loads(r) for r in self.redis.lrange(f"{self.prefix}:log", 0, -1)]
+        return [r for r in rows if task_id is None or r["id"] == task_id]
+
+    def dead_letters(self, dlq: str | None = None) -> list[dict]:
+        """The raw kombu messages in a DLQ (oldest first), as redis-cli would show them."""
+        raw = self.redis.lrange(dlq or f"DLQ.{self.queue}", 0, -1)
+        return [json.loads(r) for r in reversed(raw)]
+
+    def wait_until(self, predicate, timeout: float = 30, message: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                logs = "\n".join(w.log()[-3000:] for w in self.workers)
+                raise AssertionError(f"timed out waiting for {message}\n{logs}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.redis.flushdb()  # this test's own database only
+        self.redis.close()
+
+
+@pytest.fixture
+def harness(redis_server, tmp_path, unique):
+    h = Harness(redis_server, tmp_path, unique)
+    yield h
+    h.close()

@@ -1,0 +1,146 @@
+"""The Celery app the integration tests run in real worker processes.
+
+Configured from the environment so each test gets its own broker database,
+queue and key prefix: DLQ_TEST_BROKER, DLQ_TEST_QUEUE, DLQ_TEST_PREFIX.
+Every task records each delivery in the Redis list ``<prefix>:log`` (JSON),
+which is what the tests assert on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import redis
+from celery import Celery
+
+import celery_dlq
+from celery_dlq import RedeliveryTask, delivery_count
+
+BROKER = os.environ.get("DLQ_TEST_BROKER", "redis://127.0.0.1:6379/15")
+QUEUE = os.environ.get("DLQ_TEST_QUEUE", "dlqtest")
+PREFIX = os.environ.get("DLQ_TEST_PREFIX", "dlqtest")
+
+app = Celery("proj", broker=BROKER, set_as_current=True)
+app.conf.update(
+    task_default_queue=QUEUE,
+    dlq_key_prefix=PREFIX,
+    dlq_mover_interval=float(os.environ.get("DLQ_TEST_MOVER_INTERVAL", "0.05")),
+    dlq_claim_lease=float(os.environ.get("DLQ_TEST_CLAIM_LEASE", "30")),
+    worker_prefetch_multiplier=int(os.environ.get("DLQ_TEST_PREFETCH", "4")),
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+if os.environ.get("DLQ_TEST_CONF"):
+    app.conf.update(json.loads(os.environ["DLQ_TEST_CONF"]))
+celery_dlq.install(app)
+
+_client = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(BROKER)
+    return _client
+
+
+def record(task, **extra) -> int:
+    count = delivery_count(task.request)
+    client().rpush(f"{PREFIX}:log", json.dumps({
+        "task": task.name, "id": task.request.id, "args": list(task.request.args or ()),
+        "kwargs": dict(task.request.kwargs or {}), "delivery": count, "at": time.time(),
+        "retries": task.request.retries, "pid": os.getpid(), **extra,
+    }))
+    return count
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.flaky",
+          redelivery_policy={"redelivery_delay": 0.3, "redelivery_multiplier": 2,
+                             "max_delivery_attempts": 5})
+def flaky(self, fail_times, tag=None):
+    if record(self) <= fail_times:
+        raise ConnectionError(f"flaky failure, tag={tag}")
+    return "ok"
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.always_fails",
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 3})
+def always_fails(self, n=0):
+    record(self)
+    raise ValueError(f"always fails #{n}")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.not_retryable",
+          redelivery_policy={"redelivery_delay": 0.1, "dead_letter_on": (KeyError,)})
+def not_retryable(self):
+    record(self)
+    raise KeyError("missing")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.poison",
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 3})
+def poison(self):
+    record(self)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.slow_parked",
+          redelivery_policy={"redelivery_delay": 2.0, "max_delivery_attempts": 2})
+def slow_parked(self):
+    if record(self) == 1:
+        raise ConnectionError("come back in 2 s")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.uses_retry",
+          redelivery_policy={"max_delivery_attempts": 4})
+def uses_retry(self):
+    if record(self) < 3:
+        raise self.retry(countdown=0.2, exc=TimeoutError("upstream timeout"))
+    return "done"
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.noop")
+def noop(self, i=0):
+    record(self)
+    return i
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.park_long",
+          redelivery_policy={"redelivery_delay": 3600, "max_delivery_attempts": 2})
+def park_long(self, i=0):
+    raise ConnectionError("wait an hour")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.hangs", time_limit=1,
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2})
+def hangs(self):
+    record(self)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.soft_limited", soft_time_limit=0.5,
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2})
+def soft_limited(self):
+    record(self)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.kills_worker",
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2})
+def kills_worker(self):
+    """Kills the worker's main process, not just its pool child (an OOM kill looks like this)."""
+    record(self)
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.fixed_by_flag",
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2})
+def fixed_by_flag(self, order_id=0):
+    """Fails while the Redis key ``<prefix>:broken`` exists: deleting it is "deploying the fix"."""
+    count = record(self)
+    if client().exists(f"{PREFIX}:broken"):
+        raise RuntimeError(f"bug not fixed yet (order {order_id})")
+    return count

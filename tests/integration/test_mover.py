@@ -1,0 +1,86 @@
+"""Movers sharing one store, a mover dying mid-move, and memory with many parked retries."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import Counter
+
+import psutil
+import pytest
+
+from celery_dlq.envelope import Envelope
+from celery_dlq.keys import Keys
+from celery_dlq.store import DelayedStore
+
+pytestmark = pytest.mark.integration
+
+
+def park_noop_messages(harness, n: int, due: float) -> list[str]:
+    """Publish real task messages to a staging list, then park them exactly as the engine stores them."""
+    stage = f"{harness.queue}.stage"
+    ids = [harness.app.send_task("proj.noop", args=(i,), queue=stage).id for i in range(n)]
+    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    raw = harness.redis.lrange(stage, 0, -1)
+    harness.redis.delete(stage)
+    assert len(raw) == n
+    for item in raw:
+        msg = json.loads(item)
+        envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
+                            content_encoding=msg["content-encoding"], headers=msg["headers"],
+                            properties={"correlation_id": msg["properties"]["correlation_id"]},
+                            exchange="", routing_key=harness.queue, queue=harness.queue)
+        assert store.park(f"{envelope.task_id}:2", envelope.dumps(), harness.queue, due)
+    return ids
+
+
+def test_two_workers_move_1000_parked_messages_exactly_once(harness):
+    ids = park_noop_messages(harness, 1000, due=time.time() + 1.0)
+    harness.worker(name="a", DLQ_TEST_PREFETCH="16")
+    harness.worker(name="b", DLQ_TEST_PREFETCH="16")
+    harness.wait_until(lambda: len(harness.deliveries()) >= 1000, timeout=120, message="1000 deliveries")
+    time.sleep(1.0)  # let any duplicate show up
+    counts = Counter(r["id"] for r in harness.deliveries())
+    assert set(counts) == set(ids)
+    assert set(counts.values()) == {1}
+    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    assert store.count() == 0
+    assert int(harness.redis.hget(f"{{{harness.prefix}}}:stats", "redelivered")) == 1000
+    movers = [w.log().count("celery-dlq mover: moving") for w in harness.workers]
+    assert movers == [1, 1]
+
+
+def test_entries_claimed_by_a_dead_mover_are_redelivered_after_the_lease(harness):
+    ids = park_noop_messages(harness, 20, due=time.time())
+    dead_mover = DelayedStore(harness.redis, Keys(harness.prefix))
+    claimed = dead_mover.claim_due(limit=100, lease=1.5)  # ...and then it dies: no publish, no ack
+    assert len(claimed) == 20
+    harness.worker()
+    time.sleep(0.5)
+    assert harness.deliveries() == [], "a leased entry must not move before its lease expires"
+    harness.wait_until(lambda: len(harness.deliveries()) >= 20, timeout=30)
+    assert {r["id"] for r in harness.deliveries()} == set(ids)
+    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+
+
+def test_20000_parked_retries_do_not_grow_the_worker(harness):
+    worker = harness.worker(concurrency=2, DLQ_TEST_PREFETCH="64")
+    main = psutil.Process(worker.proc.pid)
+    store = DelayedStore(harness.redis, Keys(harness.prefix))
+
+    def send(n):
+        with harness.app.producer_or_acquire() as producer:
+            for i in range(n):
+                harness.app.send_task("proj.park_long", args=(i,), queue=harness.queue, producer=producer)
+
+    send(1000)  # warm up: imports, pools, caches
+    harness.wait_until(lambda: store.count() >= 1000, timeout=120, message="1000 parked")
+    before = main.memory_info().rss
+    send(20_000)
+    harness.wait_until(lambda: store.count() >= 21_000, timeout=400, message="21000 parked")
+    after = main.memory_info().rss
+    growth_mb = (after - before) / 2**20
+    print(f"worker main-process RSS growth for 20,000 parked retries: {growth_mb:.2f} MiB")
+    assert growth_mb < 10, growth_mb
+    assert harness.redis.llen(harness.queue) == 0
+    assert store.next_due() > time.time() + 3000

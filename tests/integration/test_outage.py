@@ -1,0 +1,41 @@
+"""When celery-dlq's own Redis is down, the original message is not acknowledged and not lost."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from celery_dlq import headers as H
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_store_outage_leaves_the_message_unacked_until_redis_is_back(harness):
+    store = RedisServer().start()
+    try:
+        harness.extra_env["DLQ_TEST_CONF"] = json.dumps({
+            "dlq_redis_url": store.url,
+            "broker_transport_options": {"visibility_timeout": 2, "unacked_restore_interval": 1,
+                                         "unacked_restore_throttle": 1},
+        })
+        worker = harness.worker(concurrency=1)
+        store.stop()  # celery-dlq's Redis goes away; the broker stays up
+        result = harness.send("proj.always_fails", args=(1,))
+        harness.wait_until(lambda: harness.deliveries(result.id), message="first delivery")
+        worker.wait_for_log("leaving the message unacknowledged", timeout=20)
+        assert harness.redis.hlen("unacked") == 1, "the failed delivery must stay unacknowledged"
+        assert harness.dead_letters() == []
+
+        store = RedisServer(port=store.port).start()  # back, empty
+        harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=60, message="dead letter")
+        headers = harness.dead_letters()[0]["headers"]
+        assert headers["id"] == result.id
+        assert headers[H.REASON] == "max_delivery_attempts"
+        harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, timeout=20)
+        assert harness.redis.llen(harness.queue) == 0
+        time.sleep(1)
+        assert len(harness.dead_letters()) == 1
+    finally:
+        store.stop()

@@ -1,0 +1,63 @@
+"""A throwaway redis-server on a free port, for tests, benchmarks and the demo.
+
+Shared state on the machine's own Redis (6379) is never touched: every run
+starts its own server with persistence off in a temporary directory.
+"""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``url`` names it."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._dir = tempfile.mkdtemp(prefix="celery-dlq-redis-")
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not on PATH (scripts/test.sh installs it)")
+        self._proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self._dir,
+             "--daemonize", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start")
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)

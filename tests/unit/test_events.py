@@ -1,0 +1,232 @@
+"""The event archive: payload hash, the capped stream, and the engine's hooks (never breaking it)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import pickle
+
+import fakeredis
+import pytest
+import redis
+from celery import Celery
+
+from celery_dlq import RedeliveryPolicy, events
+from celery_dlq import headers as H
+from celery_dlq.envelope import Envelope
+from celery_dlq.errors import ConfigurationError
+from celery_dlq.events import Event, EventLog, EventType, letter_from_raw, payload_hash
+from celery_dlq.extension import install
+from celery_dlq.keys import Keys
+from celery_dlq.mover import MoverThread
+from celery_dlq.settings import DLQSettings
+
+UNPICKLED: list[str] = []
+
+
+class Evil:
+    """Unpickling this calls ``UNPICKLED.append``: proof that something was unpickled."""
+
+    def __reduce__(self):
+        return UNPICKLED.append, ("unpickled!",)
+
+
+def body(args, kwargs, embed=None) -> bytes:
+    return json.dumps([args, kwargs, embed or {"callbacks": None, "errbacks": None, "chain": None}]).encode()
+
+
+# -- the payload hash ---------------------------------------------------------
+
+def test_json_payload_hash_is_canonical_over_task_args_and_kwargs():
+    a = payload_hash("shop.charge", body([1, "x"], {"b": 2, "a": 1}), "application/json", "utf-8")
+    b = payload_hash("shop.charge", b'[[1,"x"],{"a":1,"b":2},{"chain":[{"task":"next"}]}]', "application/json", "utf-8")
+    assert a == b and len(a) == 32
+    assert a != payload_hash("shop.refund", body([1, "x"], {"b": 2, "a": 1}), "application/json", "utf-8")
+    assert a != payload_hash("shop.charge", body([2, "x"], {"b": 2, "a": 1}), "application/json", "utf-8")
+    canonical = b'[[1,"x"],{"a":1,"b":2}]'
+    assert a == hashlib.sha256(b"json\0shop.charge\0" + canonical).hexdigest()[:32]
+
+
+def test_pickle_payload_is_hashed_raw_and_never_unpickled():
+    raw = pickle.dumps(((Evil(),), {}, {}))
+    digest = payload_hash("shop.charge", raw, "application/x-python-serialize", "binary")
+    assert UNPICKLED == []
+    assert digest == hashlib.sha256(b"raw\0shop.charge\0" + raw).hexdigest()[:32]
+    # The same bytes under a JSON content type cannot collide with the raw kind.
+    assert payload_hash("t", b"[1, 2]", "application/json") != payload_hash("t", b"[1, 2]", "application/octet-stream")
+    # Not JSON after all, or too big to parse: raw.
+    assert payload_hash("t", b"\x80not json", "application/json") == \
+        hashlib.sha256(b"raw\0t\0\x80not json").hexdigest()[:32]
+
+
+def test_event_round_trips_through_stream_fields():
+    event = Event("parked", 1_700_000_000_123_456, task_id="id", task_name="t", queue="q", delivery=2,
+                  exception_type="ValueError", first_failure_us=1_700_000_000_000_000, due_us=5, payload_size=9,
+                  payload_hash="h")
+    fields = event.to_fields()
+    assert fields["v"] == "1" and "dlq" not in fields and "record" not in fields
+    assert Event.from_fields({k.encode(): v.encode() for k, v in fields.items()}) == event
+    assert Event.from_fields({b"type": b"parked", b"ts_us": b"bad", b"unknown": b"x"}).ts_us == 0
+
+
+# -- the stream -----------------------------------------------------------------
+
+def test_stream_is_capped_approximately(real_redis, unique):
+    keys = Keys(f"ev{unique}")
+    log = EventLog(real_redis, keys, max_length=100)
+    try:
+        for start in range(0, 1000, 50):
+            assert log.append([Event("parked", start + i) for i in range(50)]) == 50
+        assert 100 <= real_redis.xlen(keys.events) < 300
+        ids = [entry_id for entry_id, _ in log.events(batch=7)]
+        assert len(ids) == real_redis.xlen(keys.events) and ids == sorted(ids, key=events.parse_id)
+    finally:
+        real_redis.delete(keys.events)
+
+
+def test_zero_max_length_turns_the_archive_off():
+    client = fakeredis.FakeRedis()
+    assert EventLog(client, Keys("x"), max_length=0).append([Event("parked", 1)]) == 0
+    assert client.exists(Keys("x").events) == 0
+
+
+def test_a_failing_redis_is_logged_not_raised(caplog):
+    class Broken:
+        def xadd(self, *a, **kw):
+            raise redis.ConnectionError("down")
+
+        def pipeline(self, **kw):
+            return self
+
+    with caplog.at_level(logging.ERROR, logger="celery_dlq.events"):
+        assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1)]) == 0
+        assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1), Event("parked", 2)]) == 0
+    assert "could not archive" in caplog.text
+
+
+def test_setting_is_validated_with_its_name():
+    conf = {"broker_url": "redis://localhost/0"}
+    assert DLQSettings.from_conf(conf).events_max_length == 100_000
+    assert DLQSettings.from_conf({**conf, "dlq_events_max_length": 0}).events_max_length == 0
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ConfigurationError, match="dlq_events_max_length"):
+            DLQSettings.from_conf({**conf, "dlq_events_max_length": bad})
+
+
+# -- the engine's hooks -----------------------------------------------------------
+
+@pytest.fixture
+def app(redis_server, unique):
+    app = Celery("ev", broker=redis_server.url, set_as_current=False)
+    app.conf.dlq_key_prefix = f"ev{unique}"
+    app.conf.task_default_queue = f"q{unique}"
+    yield app
+    client = redis.Redis.from_url(redis_server.url)
+    client.delete(*client.keys(f"*ev{unique}*") or ["none"], f"q{unique}", f"DLQ.q{unique}")
+    client.close()
+
+
+def envelope(app, unique, args=(7,)) -> Envelope:
+    return Envelope(body=body(list(args), {}), content_type="application/json", content_encoding="utf-8",
+                    headers={"task": "proj.charge", "id": f"id-{unique}"}, properties={}, exchange="",
+                    routing_key=f"q{unique}", queue=f"q{unique}")
+
+
+FAILURE = {"type": "ValueError", "message": "boom", "traceback": "Traceback ..."}
+
+
+def stream(dlq) -> list[Event]:
+    return [event for _, event in EventLog(dlq.client, dlq.keys, 1).events()]
+
+
+def test_park_redelivery_and_dead_letter_are_archived(app, unique):
+    dlq = install(app)
+    env = envelope(app, unique)
+    due = dlq.park(env, delivery=1, failure=FAILURE, delay=0)
+    moved = MoverThread(app, dlq).move_due()
+    assert moved == 1
+    letter_queue = dlq.dead_letter(env.with_headers({**env.headers, H.DELIVERY_COUNT: 2,
+                                                     H.FIRST_FAILURE_AT: 1_700_000_000.5}),
+                                   delivery=2, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
+                                   failure=FAILURE, worker="w1@host")
+    parked, redelivered, dead = stream(dlq)
+    digest = payload_hash("proj.charge", env.body, "application/json", "utf-8")
+    assert (parked.type, parked.delivery, parked.exception_type, parked.exception_message) == \
+        ("parked", 1, "ValueError", "boom")
+    assert parked.due_us == round(due * 1e6) and parked.first_failure_us == parked.ts_us
+    assert (redelivered.type, redelivered.delivery, redelivered.queue) == ("redelivered", 2, f"q{unique}")
+    assert (dead.type, dead.dlq, dead.delivery, dead.reason, dead.worker) == \
+        ("dead_lettered", letter_queue, 2, "max_delivery_attempts", "w1@host")
+    assert dead.first_failure_us == 1_700_000_000_500_000
+    assert {e.task_id for e in (parked, redelivered, dead)} == {f"id-{unique}"}
+    assert {e.payload_hash for e in (parked, redelivered, dead)} == {digest}
+    assert {e.payload_size for e in (parked, redelivered, dead)} == {len(env.body)}
+    assert parked.record == redelivered.record == ""
+    record = Envelope.loads(dead.record)  # the full dead letter: outlives a purge of the DLQ
+    assert record.body == env.body and record.headers[H.REASON] == "max_delivery_attempts"
+    assert record.headers[H.TRACEBACK] == "Traceback ..." and record.queue == f"q{unique}"
+
+
+def test_dropped_message_is_archived_with_its_record(app, unique):
+    dlq = install(app)
+    env = envelope(app, unique)
+    assert dlq.dead_letter(env, delivery=3, policy=RedeliveryPolicy(dead_letter=False), reason="max_delivery_attempts",
+                           failure=FAILURE, worker="w") is None
+    (dropped,) = stream(dlq)
+    assert (dropped.type, dropped.delivery, dropped.reason, dropped.exception_type) == \
+        ("dropped", 3, "max_delivery_attempts", "ValueError")
+    assert Envelope.loads(dropped.record).body == env.body
+
+
+def test_archive_failure_never_breaks_park(app, unique, monkeypatch, caplog):
+    dlq = install(app)
+
+    def broken(self, client, event):
+        raise redis.ResponseError("WRONGTYPE")
+
+    monkeypatch.setattr(EventLog, "_xadd", broken)
+    with caplog.at_level(logging.ERROR, logger="celery_dlq.events"):
+        dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    assert dlq.store.count() == 1
+    assert "could not archive 1 parked event" in caplog.text
+
+
+def test_archive_off_writes_nothing(app, unique):
+    app.conf.dlq_events_max_length = 0
+    dlq = install(app)
+    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    assert dlq.store.count() == 1 and dlq.client.exists(dlq.keys.events) == 0
+
+
+# -- the operator tools' API --------------------------------------------------------
+
+def kombu_json(env: Envelope) -> bytes:
+    """A DLQ list element as kombu's Redis transport stores it."""
+    return json.dumps({"body": base64.b64encode(env.body).decode(), "content-encoding": env.content_encoding,
+                       "content-type": env.content_type, "headers": env.headers,
+                       "properties": {"body_encoding": "base64", "delivery_tag": "t", "priority": 0,
+                                      "delivery_info": {"exchange": "", "routing_key": "DLQ.q"}}}).encode()
+
+
+def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique):
+    dlq = install(app)
+    headers = {"task": "proj.charge", "id": "t1", H.ORIGINAL_QUEUE: "orders", H.DELIVERY_COUNT: 3,
+               H.REASON: "max_delivery_attempts", H.EXCEPTION_TYPE: "KeyError", H.EXCEPTION_MESSAGE: "k",
+               H.DEAD_LETTERED_AT: 1_700_000_000.0}
+    env = Envelope(body=body([1], {}), content_type="application/json", content_encoding="utf-8", headers=headers,
+                   properties={}, exchange="", routing_key="orders", queue="orders")
+    raw = kombu_json(env)
+    assert letter_from_raw(raw).body == env.body and letter_from_raw(raw).queue == "orders"
+    assert events.replayed(dlq, [raw, env], dlq="DLQ.orders", now=1_700_000_100.0) == 2
+    assert events.trimmed(dlq, [raw], dlq="DLQ.orders", why="max_length") == 1
+    assert events.purged(dlq, [raw], dlq="DLQ.orders") == 1
+    replayed, replayed2, trimmed, purged = stream(dlq)
+    assert replayed == replayed2
+    assert (replayed.type, replayed.ts_us, replayed.dlq, replayed.queue, replayed.delivery) == \
+        (EventType.REPLAYED, 1_700_000_100_000_000, "DLQ.orders", "orders", 3)
+    assert replayed.payload_hash == payload_hash("proj.charge", env.body, "application/json", "utf-8")
+    assert (trimmed.type, trimmed.reason) == ("trimmed", "max_length")
+    assert purged.type == "purged" and purged.exception_type == "KeyError"
+    # A bad element is logged, not raised.
+    assert events.purged(dlq, [b"not json"], dlq="DLQ.orders") == 0

@@ -1,0 +1,201 @@
+"""Export of the archive to Parquet: layout, UTC, incremental checkpoint, no duplicates, snapshots."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+
+import fakeredis
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import redis
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+
+from celery_dlq import RedeliveryPolicy, cli_analytics
+from celery_dlq import export as X
+from celery_dlq.envelope import Envelope
+from celery_dlq.events import Event, EventLog
+from celery_dlq.extension import install
+from celery_dlq.keys import Keys
+
+DAY_US = 86_400_000_000
+MIDNIGHT = 1_710_460_800_000_000  # 2024-03-15T00:00:00Z
+
+
+def ev(i: int, ts_us: int, queue: str | None = "orders", **kw) -> Event:
+    return Event("dead_lettered", ts_us, task_id=f"t{i}", task_name="shop.charge", queue=queue or "",
+                 dlq=f"DLQ.{queue}" if queue else "", delivery=2, payload_hash=f"h{i}", **kw)
+
+
+@pytest.fixture
+def log():
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    return EventLog(client, Keys("exp"), max_length=10_000)
+
+
+def read(path) -> pa.Table:
+    return ds.dataset(str(path / "events"), format="parquet", partitioning="hive").to_table()
+
+
+def test_layout_types_and_utc_dates_under_a_non_utc_local_zone(log, tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        log.append([ev(1, MIDNIGHT - 1), ev(2, MIDNIGHT), ev(3, MIDNIGHT + 5, queue="a/b c"), ev(4, MIDNIGHT, None)])
+        result = X.export_events(log.client, Keys("exp"), str(tmp_path))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert result.rows == 4 and len(result.files) == 4
+    dirs = sorted(os.path.relpath(os.path.dirname(f), tmp_path / "events") for f in result.files)
+    assert dirs == ["dt=2024-03-14/queue=orders", "dt=2024-03-15/queue=__HIVE_DEFAULT_PARTITION__",
+                    "dt=2024-03-15/queue=a%2Fb%20c", "dt=2024-03-15/queue=orders"]
+    table = read(tmp_path).sort_by("task_id")
+    assert table.schema.field("ts").type == pa.timestamp("us", tz="UTC")
+    assert table.column("queue").to_pylist() == ["orders", "orders", "a/b c", None]
+    assert table.column("dt").to_pylist() == ["2024-03-14", "2024-03-15", "2024-03-15", "2024-03-15"]
+    assert table.column("ts").cast(pa.int64()).to_pylist() == [MIDNIGHT - 1, MIDNIGHT, MIDNIGHT + 5, MIDNIGHT]
+    file_schema = pq.read_schema(result.files[0])
+    assert "dt" not in file_schema.names and file_schema.field("ts").type.unit == "us"
+
+
+def test_rerun_exports_only_what_is_new_never_a_row_twice(log, tmp_path):
+    keys = Keys("exp")
+    log.append([ev(i, MIDNIGHT + i) for i in range(5)])
+    first = X.export_events(log.client, keys, str(tmp_path))
+    assert first.rows == 5
+    assert X.export_events(log.client, keys, str(tmp_path)).rows == 0
+    log.append([ev(i, MIDNIGHT + DAY_US + i) for i in range(5, 8)])
+    second = X.export_events(log.client, keys, str(tmp_path))
+    assert second.rows == 3 and second.last_id != first.last_id
+    ids = read(tmp_path).column("event_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 8
+    checkpoint = json.loads((tmp_path / "_checkpoint.json").read_text())
+    assert checkpoint["stream"] == keys.events and checkpoint["rows"] == 8
+    assert checkpoint["last_id"] == second.last_id and checkpoint["pending"] is None
+
+
+def test_small_reads_and_flushes_still_export_each_row_once(log, tmp_path):
+    log.append([ev(i, MIDNIGHT + i * 3_600_000_000) for i in range(50)])
+    result = X.export_events(log.client, Keys("exp"), str(tmp_path), read_count=7, flush_rows=20)
+    assert result.rows == 50
+    assert sorted(read(tmp_path).column("task_id").to_pylist()) == sorted(f"t{i}" for i in range(50))
+
+
+def test_an_export_that_died_midway_is_redone_without_duplicates(log, tmp_path, monkeypatch):
+    keys = Keys("exp")
+    log.append([ev(i, MIDNIGHT + i) for i in range(10)])
+    real = X._write_partitioned
+
+    def dies_after_writing(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt("killed after the files, before the checkpoint")
+
+    monkeypatch.setattr(X, "_write_partitioned", dies_after_writing)
+    with pytest.raises(KeyboardInterrupt):
+        X.export_events(log.client, keys, str(tmp_path))
+    assert json.loads((tmp_path / "_checkpoint.json").read_text())["pending"]
+    monkeypatch.setattr(X, "_write_partitioned", real)
+    log.append([ev(10, MIDNIGHT + 10)])  # the retry reads a longer batch than the one that died
+    assert X.export_events(log.client, keys, str(tmp_path)).rows == 11
+    ids = read(tmp_path).column("task_id").to_pylist()
+    assert sorted(ids) == sorted(f"t{i}" for i in range(11))
+
+
+def test_a_path_holding_another_stream_is_refused(log, tmp_path):
+    log.append([ev(1, MIDNIGHT)])
+    X.export_events(log.client, Keys("exp"), str(tmp_path))
+    with pytest.raises(X.ExportError, match="export each key prefix to its own PATH"):
+        X.export_events(log.client, Keys("other"), str(tmp_path))
+
+
+def test_uri_destination(log, tmp_path):
+    log.append([ev(1, MIDNIGHT)])
+    assert X.export_events(log.client, Keys("exp"), f"file://{tmp_path}/arch").rows == 1
+    assert read(tmp_path / "arch").num_rows == 1
+
+
+def test_events_trimmed_before_export_are_reported(real_redis, unique, tmp_path, caplog):
+    keys = Keys(f"exp{unique}")
+    small = EventLog(real_redis, keys, max_length=10)
+    try:
+        small.append([ev(i, MIDNIGHT + i) for i in range(5)])
+        assert X.export_events(real_redis, keys, str(tmp_path)).events_lost == 0
+        for i in range(5, 400):  # the cap drops some of these before anyone exports them
+            small.append([ev(i, MIDNIGHT + i)])
+        result = X.export_events(real_redis, keys, str(tmp_path))
+        assert X.export_events(real_redis, keys, str(tmp_path)).events_lost == 0  # nothing new, nothing lost
+    finally:
+        real_redis.delete(keys.events)
+    assert 0 < result.rows < 395 and result.events_lost == 395 - result.rows
+    assert f"{result.events_lost} events after" in caplog.text
+    assert sorted(read(tmp_path).column("task_id").to_pylist(), key=lambda t: int(t[1:]))[-1] == "t399"
+
+
+def test_events_trimmed_before_the_first_export_are_counted(real_redis, unique, tmp_path):
+    keys = Keys(f"exp{unique}")
+    try:
+        for i in range(300):
+            EventLog(real_redis, keys, max_length=10).append([ev(i, MIDNIGHT + i)])
+        result = X.export_events(real_redis, keys, str(tmp_path))
+    finally:
+        real_redis.delete(keys.events)
+    assert result.events_lost == 300 - result.rows > 0
+
+
+def test_snapshot_of_the_dlqs_and_the_export_command(redis_server, unique, tmp_path):
+    app = Celery("snap", broker=redis_server.url, set_as_current=False)
+    app.conf.dlq_key_prefix = f"snap{unique}"
+    queue = f"q{unique}"
+    dlq = install(app)
+    env = Envelope(body=b'[[42], {}, {}]', content_type="application/json", content_encoding="utf-8",
+                   headers={"task": "proj.charge", "id": f"id-{unique}"}, properties={}, exchange="",
+                   routing_key=queue, queue=queue)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        dlq.dead_letter(env, delivery=3, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
+                        failure={"type": "ValueError", "message": "no", "traceback": ""}, worker="w")
+        runner = CliRunner()
+        out = runner.invoke(cli_analytics.export, ["--out", str(tmp_path), "--snapshot", "--json"],
+                            obj=CLIContext(app=app, no_color=True, workdir=None))
+        assert out.exit_code == 0, out.output
+        result = json.loads(out.output)
+        assert (result["rows"], result["snapshot_rows"]) == (1, 1)
+        snap = pq.read_table(result["snapshot_file"])
+        assert snap.column("event_type").to_pylist() == ["in_dlq"]
+        assert snap.column("dlq").to_pylist() == [f"DLQ.{queue}"]
+        assert snap.column("queue").to_pylist() == [queue]
+        assert Envelope.loads(snap.column("record")[0].as_py()).body == env.body
+        (event,) = read(tmp_path).to_pylist()
+        assert event["event_type"] == "dead_lettered" and event["task_id"] == f"id-{unique}"
+        assert event["ts"] == snap.column("ts")[0].as_py()
+        again = runner.invoke(cli_analytics.export, ["--out", str(tmp_path)],
+                              obj=CLIContext(app=app, no_color=True, workdir=None))
+        assert again.exit_code == 0 and "exported 0 events" in again.output
+    finally:
+        client.delete(*client.keys(f"*snap{unique}*") or ["none"], f"DLQ.{queue}")
+        client.close()
+
+
+def test_report_command_refuses_bad_options_before_starting_spark():
+    runner = CliRunner()
+    for args, text in ((["--conf", "novalue"], "--conf takes key=value"),
+                       (["--replay-max-age", "soon"], "bad duration"),
+                       (["--as-of", "yesterday"], "bad time"),
+                       (["--poison-min", "1"], "--poison-min must be >= 2")):
+        out = runner.invoke(cli_analytics.report, ["--in", "x", "--out", "y", *args])
+        assert out.exit_code == 2 and text in out.output, (args, out.output)
+
+
+def test_report_options_as_of_is_utc():
+    from celery_dlq.analytics.options import ReportOptions
+
+    options = ReportOptions("in", "out", as_of="2024-03-15T12:00:00", replay_max_age="6h")
+    assert options.as_of == datetime(2024, 3, 15, 12, tzinfo=timezone.utc)
+    assert options.as_of_us == 1_710_504_000_000_000 and options.replay_max_age == 21600.0
+    assert ReportOptions("in", "out", as_of="1710504000").as_of == options.as_of

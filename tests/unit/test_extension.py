@@ -1,0 +1,90 @@
+"""DLQ.park: the parked copy, its headers, and the redelivery signal."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery import Celery
+
+import celery_dlq
+from celery_dlq import headers as H
+from celery_dlq import task_redelivery_scheduled
+from celery_dlq.envelope import Envelope
+
+
+@pytest.fixture
+def dlq(redis_server, unique):
+    app = Celery("ext", broker=redis_server.url, set_as_current=False)
+    app.conf.dlq_key_prefix = f"ext{unique}"
+    return celery_dlq.install(app)
+
+
+def envelope(unique, headers=None):
+    return Envelope(body=b"[[1], {}, {}]", content_type="application/json", content_encoding="utf-8",
+                    headers={"task": "t.x", "id": f"id-{unique}", "retries": 0, **(headers or {})},
+                    properties={"correlation_id": f"id-{unique}", "priority": 0},
+                    exchange="", routing_key="orders", queue="orders")
+
+
+FAILURE = {"type": "ValueError", "message": "boom", "traceback": "tb"}
+
+
+def test_park_stores_the_original_with_next_delivery_headers(dlq, unique):
+    before = time.time()
+    due = dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    assert before + 5 <= due <= time.time() + 5
+    (entry,) = list(dlq.store.entries())
+    assert entry.entry_id == f"id-{unique}:2"
+    assert abs(entry.due - due) < 0.002
+    copy = Envelope.loads(entry.payload)
+    assert copy.body == b"[[1], {}, {}]"
+    assert copy.properties == {"correlation_id": f"id-{unique}", "priority": 0}
+    assert copy.headers[H.DELIVERY_COUNT] == 2
+    assert copy.headers["retries"] == 1
+    assert copy.headers[H.ORIGINAL_QUEUE] == "orders"
+    assert copy.headers[H.LAST_EXCEPTION] == "ValueError: boom"
+    assert before <= copy.headers[H.FIRST_FAILURE_AT] <= time.time()
+
+
+def test_first_failure_time_is_kept_across_redeliveries(dlq, unique):
+    dlq.park(envelope(unique, {H.FIRST_FAILURE_AT: 1000.0, H.DELIVERY_COUNT: 2}), delivery=2,
+             failure=FAILURE, delay=0)
+    (entry,) = list(dlq.store.entries())
+    assert Envelope.loads(entry.payload).headers[H.FIRST_FAILURE_AT] == 1000.0
+
+
+def test_park_is_idempotent_per_delivery(dlq, unique):
+    dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    assert dlq.store.count() == 1
+
+
+def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, unique):
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append((sender, kwargs["task_id"], kwargs["delivery_count"], kwargs["exception"]["type"]))
+        raise RuntimeError("receiver bug")
+
+    task_redelivery_scheduled.connect(receiver, weak=False)
+    try:
+        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=0)
+    finally:
+        task_redelivery_scheduled.disconnect(receiver)
+    assert seen == [("t.x", f"id-{unique}", 2, "ValueError")]
+    assert dlq.store.count() == 1
+
+
+def test_delivery_counter_takes_the_header_as_floor(dlq, unique):
+    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 1
+    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 2   # same message restored
+    assert dlq.count_delivery(f"id-{unique}", "tag-2", floor=3) == 3   # a parked copy, delivery 3
+    assert dlq.count_delivery(f"id-{unique}", "tag-3", floor=1) == 1   # same id sent anew
+
+
+def test_delivery_count_reads_the_request():
+    class Request(dict):
+        pass
+    assert celery_dlq.delivery_count(Request()) == 1
+    assert celery_dlq.delivery_count(Request({H.DELIVERY_COUNT: 4})) == 4
+    assert celery_dlq.delivery_count(Request({H.DELIVERY_COUNT: "junk"})) == 1

@@ -1,0 +1,112 @@
+"""Key names, and the rules every Lua script follows (header table, keys via KEYS)."""
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import fakeredis
+import pytest
+
+from celery_dlq.errors import ConfigurationError
+from celery_dlq.keys import SCRIPT_NAMES, Keys, Scripts, script_source
+
+LUA_DIR = resources.files("celery_dlq").joinpath("lua")
+
+
+def test_key_names_share_one_hash_tag():
+    keys = Keys()
+    assert keys.base == "{celery_dlq}"
+    assert keys.delayed == "{celery_dlq}:delayed"
+    assert keys.leases == "{celery_dlq}:leases"
+    assert keys.payloads == "{celery_dlq}:payloads"
+    assert keys.queues == "{celery_dlq}:queues"
+    assert keys.parked == "{celery_dlq}:parked"
+    assert keys.stats == "{celery_dlq}:stats"
+    assert keys.delivery_count("abc") == "{celery_dlq}:count:abc"
+    assert keys.audit("abc", 3) == "{celery_dlq}:audit:abc:3"
+    assert keys.store_keys() == (keys.delayed, keys.leases, keys.payloads,
+                                 keys.queues, keys.parked)
+
+
+def test_global_keyprefix_goes_in_front_of_the_hash_tag():
+    keys = Keys(prefix="app", global_keyprefix="tenant1:")
+    assert keys.delayed == "tenant1:{app}:delayed"
+    assert keys.delivery_count("t") == "tenant1:{app}:count:t"
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "a}b"])
+def test_bad_prefix_is_rejected(prefix):
+    with pytest.raises(ConfigurationError, match="prefix"):
+        Keys(prefix=prefix)
+
+
+def test_every_script_file_is_named_and_every_name_has_a_file():
+    files = {p.name[:-4] for p in LUA_DIR.iterdir() if p.name.endswith(".lua")}
+    assert files == set(SCRIPT_NAMES)
+    with pytest.raises(KeyError):
+        script_source("nope")
+
+
+def _header(source: str) -> str:
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_script_header_documents_every_key_and_argument(name):
+    source = script_source(name)
+    header = _header(source)
+    assert header.startswith(f"-- {name}.lua: ")
+    body = source[len(header):]
+    for kind in ("KEYS", "ARGV"):
+        used = set(re.findall(kind + r"\[(\d+)\]", body))
+        documented = set(re.findall(r"^-- " + kind + r"\[(\d+)\] = ", header, re.M))
+        assert used <= documented, f"{name}: {kind} used but not in the header"
+    for line in re.findall(r"^-- KEYS\[\d+\] = .*$", header, re.M):
+        assert re.search(r"\((ZSET|HASH|STRING|LIST|SET)\)", line), line
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_scripts_only_touch_keys_passed_in_keys(name):
+    body = script_source(name)
+    for command, key in re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", body):
+        assert re.fullmatch(r"KEYS\[(\d+|i)\]", key), f"{name}: {command} on {key}"
+
+
+def test_scripts_are_registered_once_per_client():
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    scripts = Scripts(client)
+    assert scripts.get("count") is scripts.get("count")
+    assert Scripts(client).get("count") is not scripts.get("count")
+    assert scripts.run("count", ["{t}:a", "{t}:b"], []) == 0
+
+
+def test_count_delivery_increments_floors_and_expires(any_redis, unique):
+    scripts = Scripts(any_redis)
+    key = Keys(prefix=f"test-{unique}").delivery_count("task-1")
+    try:
+        assert scripts.count_delivery(key, floor=1, ttl_s=60) == 1
+        assert scripts.count_delivery(key, floor=1, ttl_s=60) == 2
+        assert 0 < any_redis.ttl(key) <= 60
+        assert scripts.count_delivery(key, floor=5, ttl_s=60) == 5  # the header knows better
+        assert scripts.count_delivery(key, floor=3, ttl_s=60) == 6
+        assert scripts.count_delivery(key, floor=1, ttl_s=0.2) == 7
+        assert any_redis.ttl(key) == 1  # whole seconds, rounded up
+        with pytest.raises(ValueError):
+            scripts.count_delivery(key, floor=0, ttl_s=60)
+        with pytest.raises(ValueError):
+            scripts.count_delivery(key, floor=1, ttl_s=0)
+    finally:
+        any_redis.delete(key)
+
+
+def test_count_delivery_on_a_lost_counter_starts_at_the_header(any_redis, unique):
+    key = Keys(prefix=f"test-{unique}").delivery_count("task-2")
+    try:
+        assert Scripts(any_redis).count_delivery(key, floor=4, ttl_s=10) == 4
+    finally:
+        any_redis.delete(key)
