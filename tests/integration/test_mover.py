@@ -51,14 +51,18 @@ def test_two_workers_move_1000_parked_messages_exactly_once(harness):
 
 
 def test_entries_claimed_by_a_dead_mover_are_redelivered_after_the_lease(harness):
-    ids = park_noop_messages(harness, 20, due=time.time())
+    harness.worker()  # running first, so its start-up time cannot eat into the lease
+    due = time.time() + 1.0
+    ids = park_noop_messages(harness, 20, due=due)
     dead_mover = DelayedStore(harness.redis, Keys(harness.prefix))
-    claimed = dead_mover.claim_due(limit=100, lease=1.5)  # ...and then it dies: no publish, no ack
+    # Claim as of the due time, before the live mover may: ...and then die (no publish, no ack).
+    claimed = dead_mover.claim_due(limit=100, lease=2.0, now=due)
     assert len(claimed) == 20
-    harness.worker()
-    time.sleep(0.5)
+    lease_until = claimed[0].lease_until
+    time.sleep(max(0.0, lease_until - 0.5 - time.time()))
     assert harness.deliveries() == [], "a leased entry must not move before its lease expires"
     harness.wait_until(lambda: len(harness.deliveries()) >= 20, timeout=30)
+    assert min(r["at"] for r in harness.deliveries()) >= lease_until - 0.05
     assert {r["id"] for r in harness.deliveries()} == set(ids)
     assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
 
