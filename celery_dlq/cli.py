@@ -2,7 +2,9 @@
 
 Registered through the ``celery.commands`` entry point, in the style of
 ``celery/bin/purge.py`` (``ctx.obj.app``, ``--force`` for destructive verbs),
-and thin over :mod:`celery_dlq.manage`. Human output is rich tables; every
+and thin over :mod:`celery_dlq.manage`; ``export`` and ``report`` come from
+:mod:`celery_dlq.cli_analytics`, and ``replay --plan`` reads their replay plan
+with pyarrow (no JVM). Human output is rich tables; every
 read verb takes ``--json`` (a JSON array, streamed). A progress bar shows on
 replays and purges when stdout is a terminal.
 
@@ -25,6 +27,7 @@ import redis
 from celery.bin.base import CeleryCommand
 from kombu.utils.url import maybe_sanitize_url
 
+from celery_dlq.cli_analytics import export, report
 from celery_dlq.errors import ConfigurationError, DLQError
 from celery_dlq.headers import Reason
 from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, Operator, Outcome,
@@ -296,22 +299,34 @@ def _total(dead: Any, wheres: list[Filter | None], limit: int | None) -> int | N
 
 
 @dlq.command(cls=CeleryCommand)
-@click.argument("queue")
+@click.argument("queue", required=False)
 @click.argument("task_ids", nargs=-1)
 @filter_options
 @click.option("--all", "everything", is_flag=True, help="Every dead letter of QUEUE (when no id or filter).")
+@click.option("--plan", "plan_path", metavar="DIR",
+              help="Replay what a report's replay plan selected: DIR is `dlq report --out` or its replay_plan/ "
+                   "(a path or pyarrow URI). QUEUE is then optional and limits it to that DLQ.")
 @click.option("--to", help="Deliver to this queue instead of each message's original queue.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="At most this many messages/s.")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many messages.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; move nothing.")
 @click.pass_context
-def replay(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything: bool, to: str | None,
-           rate: float | None, limit: int | None, dry_run: bool, **filters: Any) -> None:
+def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], everything: bool,
+           plan_path: str | None, to: str | None, rate: float | None, limit: int | None, dry_run: bool,
+           **filters: Any) -> None:
     """Send dead letters of QUEUE back to their original queue, delivery count reset.
 
     Each message moves atomically: interrupted, run it again; none is lost or
     delivered twice. By task id only the oldest dead letter of each id moves.
+    With --plan DIR, exactly the dead letters a `dlq report` replay plan
+    selected move (read with pyarrow, no JVM); ids, filters, --all and
+    --limit do not combine with it.
     """
+    if plan_path is not None:
+        _refuse_with_plan(ctx, task_ids, everything, limit, filters)
+        return _replay_plan(ctx, plan_path, queue, to=to, rate=rate, dry_run=dry_run)
+    if queue is None:
+        raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
     wheres = _selection(task_ids, everything, filters)
     op = operator(ctx)
     dead = op.queue(queue)
@@ -321,6 +336,126 @@ def replay(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything
             one = limit if not task_ids else 1
             _add(total, dead.replay(where, to=to, limit=one, rate=rate, dry_run=dry_run, progress=advance))
     _report(dead.name, total, "Replayed")
+
+
+# -- replay --plan ------------------------------------------------------------
+
+def _refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: bool, limit: int | None,
+                      filters: dict) -> None:
+    """A plan is the whole selection: another selection next to it would be ambiguous, so it is a usage error."""
+    given = ["TASK_ID..."] if task_ids else []
+    given += [param.opts[0] for param in ctx.command.params
+              if (param.name in filters and filters[param.name] is not None)
+              or (param.name == "everything" and everything) or (param.name == "limit" and limit is not None)]
+    if given:
+        raise click.UsageError(f"--plan selects the dead letters itself: drop {', '.join(given)}")
+
+
+def _load_plan(path: str) -> Any:
+    """The replay plan at ``path``, read with pyarrow alone (never pyspark, so never a JVM).
+
+    A missing, unfinished or unreadable plan is a usage error (exit 2) in one
+    line; the path is shown sanitized, as it may be a URI with credentials.
+    """
+    try:
+        import pyarrow as pa
+
+        from celery_dlq.analytics.plan import PlanError, load_plan
+    except ImportError as exc:  # pyarrow is in the spark extra
+        raise Failure(f"{exc}: reading a replay plan needs pyarrow: pip install 'celery-dlq[spark]'") from None
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
+    except (OSError, pa.ArrowException) as exc:
+        raise Failure(f"cannot read a replay plan at {maybe_sanitize_url(path)}: {exc}", EXIT_USAGE) from None
+
+
+def _plan_queue(op: Operator, name: str, to: str | None) -> DeadLetterQueue:
+    """The DLQ a plan names, checked before anything moves.
+
+    It must be a dead-letter queue (configured, or DLQ-shaped): a plan never
+    replays from a live queue. One that is unknown because it is empty now is
+    accepted: its planned dead letters are then reported missing, not a usage error.
+    """
+    if to == name:
+        raise Failure(f"cannot replay {name} into itself (--to {to})", EXIT_USAGE)
+    try:
+        dead = op.queue(name)
+    except UnknownQueue:
+        if op.depth(name):
+            raise Failure(f"the plan names {name!r}, which is not a dead-letter queue here", EXIT_USAGE) from None
+        return DeadLetterQueue(op, name)
+    if dead.name != name:  # ``name`` is a live queue whose DLQ is ``dead.name``
+        raise Failure(f"the plan names {name!r}, which is not a dead-letter queue here", EXIT_USAGE)
+    return dead
+
+
+class _PlannedIds:
+    """Selects the oldest dead letter of each planned task id, once.
+
+    ``DeadLetterQueue.replay`` asks ``matches`` of each dead letter, oldest
+    first: one pass over a DLQ replays its whole share of the plan (a
+    ``Filter(task_id=...)`` per id would read the DLQ once per id, and --rate
+    would pace nothing). The ids never seen are what ``left`` holds afterwards.
+    """
+
+    def __init__(self, task_ids: list[str]) -> None:
+        self.left = dict.fromkeys(task_ids)
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+    def matches(self, letter: DeadLetter) -> bool:
+        if letter.task_id in self.left:
+            del self.left[letter.task_id]
+            return True
+        return False
+
+
+def _replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | None, rate: float | None,
+                 dry_run: bool) -> None:
+    """``replay --plan``: every DLQ of the plan (or ``only``), checked first, then replayed in one pass each."""
+    plan = _load_plan(path)
+    by_dlq = {name: list(dict.fromkeys(ids)) for name, ids in plan.by_dlq().items()}
+    op = operator(ctx)
+    if only is not None:
+        name = op.queue(only).name
+        if name not in by_dlq:
+            raise Failure(f"nothing matched: the plan selects nothing from {name} "
+                          f"(it names {', '.join(sorted(by_dlq)) or 'no DLQ'})")
+        by_dlq = {name: by_dlq[name]}
+    queues = {name: _plan_queue(op, name, to) for name in by_dlq}
+    planned = sum(len(ids) for ids in by_dlq.values())
+    click.echo(f"Replay plan {maybe_sanitize_url(plan.path)}: {n_of(planned, 'dead letter')}"
+               + (f" from {', '.join(f'{name} ({len(ids)})' for name, ids in by_dlq.items())}" if by_dlq else "")
+               + f"; report of {plan.manifest.get('created_at', '?')}.")
+    if not planned:
+        return click.echo("The plan selects no dead letters: nothing to replay.")
+    short = 0
+    for n, (name, dead) in enumerate(queues.items()):
+        if n and rate:  # the next DLQ's first message keeps the pace too
+            dead.sleep(1 / rate)
+        short += _replay_planned(dead, _PlannedIds(by_dlq[name]), to=to, rate=rate, dry_run=dry_run)
+    if short:
+        verb = "would not be" if dry_run else "were not"
+        raise Failure(f"{short} of {n_of(planned, 'planned dead letter')} {verb} replayed", EXIT_FAILED)
+
+
+def _replay_planned(dead: DeadLetterQueue, wanted: _PlannedIds, *, to: str | None, rate: float | None,
+                    dry_run: bool) -> int:
+    """Replay one DLQ's share of a plan and report it; returns how many were not (missing or failed)."""
+    expected = len(wanted)
+    with progress(f"replaying {dead.name}", expected) as advance:
+        out = dead.replay(wanted, to=to, limit=expected, rate=rate, dry_run=dry_run, progress=advance)
+    if out.matched:
+        _echo_outcome(dead.name, out, "Replayed")
+    not_found = list(wanted.left)
+    if not_found:
+        click.echo(f"{len(not_found)} of {n_of(expected, 'planned dead letter')} no longer in "
+                   f"{dead.name} (replayed, purged or trimmed since the report): {', '.join(not_found[:20])}"
+                   + (", …" if len(not_found) > 20 else ""))
+    return len(not_found) + out.missing + len(out.failed)
 
 
 @dlq.command(cls=CeleryCommand)
@@ -368,6 +503,13 @@ def _report(name: str, out: Outcome, verb: str) -> None:
     """One summary line (plus missing and failed ones); exit 1 when nothing matched or some failed."""
     if not out.matched:
         raise Failure(f"nothing matched in {name}")
+    _echo_outcome(name, out, verb)
+    if out.failed:
+        raise Failure(f"{n_of(len(out.failed), 'dead letter')} could not be handled", EXIT_FAILED)
+
+
+def _echo_outcome(name: str, out: Outcome, verb: str) -> None:
+    """The summary line, the missing count and the failures of one DLQ (shared by ``replay --plan``)."""
     matched = n_of(out.matched, "matching dead letter")
     if out.dry_run:
         line = f"Would replay {out.matched - len(out.failed)} of {matched} from {name}"
@@ -379,8 +521,6 @@ def _report(name: str, out: Outcome, verb: str) -> None:
         click.echo(f"{out.missing} were gone already (replayed, purged or trimmed meanwhile).")
     for line in out.failed[:20]:
         click.echo(f"failed: {line}", err=True)
-    if out.failed:
-        raise Failure(f"{n_of(len(out.failed), 'dead letter')} could not be handled", EXIT_FAILED)
 
 
 @dlq.command(cls=CeleryCommand)
@@ -436,3 +576,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         return echo_json({"name": k, "value": v} for k, v in counters.items())
     print_table(None, ["counter", "value"], counters.items())
+
+
+# -- the analytics commands ---------------------------------------------------
+# cli_analytics imports only click and celery at module level: pyarrow when
+# ``export`` runs, pyspark when ``report`` runs (and only in celery_dlq.analytics).
+
+dlq.add_command(export)
+dlq.add_command(report)

@@ -342,9 +342,10 @@ def parked(source: Any, copy: Envelope, *, failure: Mapping[str, str], delivery:
 
 @_isolated
 def redelivered(source: Any, claimed: Iterable[Any], now: float | None = None) -> list[Event]:
-    """The mover published these claimed entries (``store.Claimed``) back to their queues."""
+    """The mover published these messages (``Envelope``s, or ``store.Claimed`` entries) back to their queues."""
     now = time.time() if now is None else now
-    return [event_of(EventType.REDELIVERED, Envelope.loads(entry.payload), ts=now) for entry in claimed]
+    return [event_of(EventType.REDELIVERED, entry if isinstance(entry, Envelope) else Envelope.loads(entry.payload),
+                     ts=now) for entry in claimed]
 
 
 @_isolated

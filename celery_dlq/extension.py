@@ -6,6 +6,7 @@ prefork children never share a socket with their parent.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -76,6 +77,7 @@ class DLQ:
         self.scripts = Scripts(self._client)
         self._store = DelayedStore(self._client, self.keys)
         self._deadletterer = DeadLetterer(self.app, self._client, self.keys, settings.audit_ttl)
+        self._spent: collections.deque[str] = collections.deque()
         self._pid = os.getpid()
 
     def _ensure(self) -> None:
@@ -101,11 +103,38 @@ class DLQ:
 
     # -- operations ---------------------------------------------------------
 
+    def _counter_key(self, task_id: str, tag: Any) -> str:
+        return self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
+
     def count_delivery(self, task_id: str, tag: Any, floor: int) -> int:
         """Persist one more delivery of a message and return its number (>= ``floor``)."""
         self._ensure()
-        key = self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
-        return self.scripts.count_delivery(key, floor, int(self.settings.delivery_count_ttl))
+        return self.scripts.count_delivery(self._counter_key(task_id, tag), floor,
+                                           int(self.settings.delivery_count_ttl))
+
+    def forget_delivery(self, task_id: str, tag: Any) -> None:
+        """The message was acknowledged: its delivery counter is no longer needed.
+
+        A counter only matters while its message may be delivered again (a
+        lost worker, kombu's visibility timeout). Left alone, every delivery
+        would leave one behind for ``dlq_delivery_count_ttl``: at 1,000 tasks/s
+        and 7 days, hundreds of millions of keys. Keys are queued here and
+        deleted in batches by the mover thread, off the consumer's path.
+        """
+        self._ensure()
+        self._spent.append(self._counter_key(task_id, tag))
+
+    def flush_spent_counters(self, batch: int = 1000) -> int:
+        """Delete the counters of acknowledged messages, ``batch`` keys per round trip."""
+        self._ensure()
+        deleted = 0
+        while self._spent:
+            keys = []
+            while self._spent and len(keys) < batch:
+                keys.append(self._spent.popleft())
+            self._client.unlink(*keys)
+            deleted += len(keys)
+        return deleted
 
     def park(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.

@@ -76,6 +76,21 @@ class RedeliveryRequest(Request):
         self._dlq_handled = True
         return super().on_timeout(soft, timeout)
 
+    def acknowledge(self):
+        """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
+        was_acknowledged = self.acknowledged
+        super().acknowledge()
+        if was_acknowledged or not self.acknowledged:
+            return
+        try:
+            message = self._message
+            dlq = get_dlq(self.app)
+            if dlq.policy(self.task, queue_of(self.app, message.delivery_info)).persist_delivery_count_before_delivery:
+                dlq.forget_delivery(self.id, (message.properties or {}).get("delivery_tag"))
+        except Exception:  # the counter expires on its own; never fail an ack for it
+            logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,
+                         exc_info=True)
+
     # -- outcomes ------------------------------------------------------------
 
     def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
@@ -201,4 +216,5 @@ def _count_or_dead_letter(dlq, message, headers, queue, policy, hostname) -> boo
                          headers.get("task"), headers.get("id"))
         return True
     message.ack()
+    dlq.forget_delivery(headers["id"], (message.properties or {}).get("delivery_tag"))
     return True

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.keys import Keys, Scripts
@@ -145,10 +145,22 @@ class DelayedStore:
         False means the lease expired and the entry is due again or another
         mover holds it: its message may be delivered twice, never lost.
         """
+        return self.ack_many([claimed]) == 1
+
+    def ack_many(self, claimed: Sequence[Claimed], counter: str = "", published: int = 0) -> int:
+        """Delete claimed entries whose lease is still ours, in one round trip.
+
+        Returns how many were deleted. ``counter`` in the stats hash is raised
+        by ``published`` in the same script, so a mover's batch costs one
+        call however large it is.
+        """
+        if not claimed and not published:
+            return 0
         k = self.keys
-        return bool(self._scripts.run(
-            "ack", [k.leases, k.payloads, k.queues, k.parked],
-            [claimed.entry_id, claimed.lease_until_ms]))
+        args: list[Any] = [counter, int(published)]
+        for entry in claimed:
+            args += [entry.entry_id, entry.lease_until_ms]
+        return int(self._scripts.run("ack", [k.leases, k.payloads, k.queues, k.parked, k.stats], args))
 
     def release(self, claimed: Claimed, due: float | None = None) -> bool:
         """Park a claimed entry again at ``due`` (default now), if the lease is ours.

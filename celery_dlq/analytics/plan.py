@@ -28,6 +28,8 @@ PLAN_DIR = "replay_plan"
 MANIFEST = "manifest.json"
 ENTRIES = "entries"
 PLAN_VERSION = 1
+#: Columns a replay needs; a table without them is not a plan, whatever its manifest says.
+REQUIRED_COLUMNS = ("task_id", "dlq", "dead_lettered_at")
 
 
 class PlanError(DLQError):
@@ -75,6 +77,22 @@ def _plan_root(fs: pafs.FileSystem, path: str) -> str:
                     "(a report that did not finish leaves none)")
 
 
+def _read_entries(fs: pafs.FileSystem, path: str) -> pa.Table:
+    """The entries table; missing, unreadable or without the replay's columns is a :class:`PlanError`.
+
+    So every way a plan can be broken reaches the caller as one error type
+    (``replay --plan`` turns it into one line and exit code 2).
+    """
+    try:
+        table = pq.read_table(path, filesystem=fs)
+    except (OSError, pa.ArrowException) as exc:
+        raise PlanError(f"unreadable replay plan entries at {path}: {exc}") from None
+    missing = [name for name in REQUIRED_COLUMNS if name not in table.column_names]
+    if missing:
+        raise PlanError(f"{path}: no column {', '.join(missing)}: not replay plan entries")
+    return table
+
+
 def load_plan(path: str) -> ReplayPlan:
     """The plan at ``path`` (the ``replay_plan`` directory or the report's ``--out``; any pyarrow URI)."""
     fs, local = filesystem(path)
@@ -83,9 +101,11 @@ def load_plan(path: str) -> ReplayPlan:
         manifest = json.loads(read_bytes(fs, f"{root}/{MANIFEST}") or b"")
     except ValueError as exc:
         raise PlanError(f"unreadable {root}/{MANIFEST}: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise PlanError(f"{root}/{MANIFEST} is not a replay plan manifest (a JSON object)")
     if manifest.get("version") != PLAN_VERSION:
         raise PlanError(f"{root}/{MANIFEST}: unsupported plan version {manifest.get('version')!r}")
-    table = pq.read_table(f"{root}/{manifest.get('entries', ENTRIES)}", filesystem=fs)
+    table = _read_entries(fs, f"{root}/{manifest.get('entries', ENTRIES)}")
     at = table.column("dead_lettered_at").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
     rows = table.drop_columns(["dead_lettered_at"]).to_pylist()
     entries = tuple(PlanEntry(task_id=r["task_id"], dlq=r["dlq"], queue=r.get("queue"), task_name=r.get("task_name"),
@@ -93,7 +113,10 @@ def load_plan(path: str) -> ReplayPlan:
                               delivery=r.get("delivery"), dead_lettered_at=None if us is None else us / 1e6,
                               payload_hash=r.get("payload_hash"))
                     for r, us in zip(rows, at))
-    expected = (manifest.get("counts") or {}).get("selected")
+    if any(not entry.task_id or not entry.dlq for entry in entries):
+        raise PlanError(f"{root}: an entry has no task id or no DLQ: rerun the report")
+    counts = manifest.get("counts")
+    expected = counts.get("selected") if isinstance(counts, dict) else None
     if expected != len(entries):
         raise PlanError(f"{root}: {len(entries)} entries but the manifest says {expected}: rerun the report")
     return ReplayPlan(path=root, manifest=manifest, entries=entries)

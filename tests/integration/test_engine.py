@@ -98,6 +98,9 @@ def test_other_messages_flow_while_one_waits_out_its_delay(harness):
     assert done_at - first_at < 2.0
     harness.wait_until(lambda: len(harness.deliveries(slow.id)) == 2, timeout=10)
     assert harness.deliveries(slow.id)[1]["at"] - first_at >= 2.0
+    # Every delivery was counted in Redis first; once acknowledged, no counter is left behind.
+    counters = lambda: harness.redis.keys(f"{{{harness.prefix}}}:count:*")  # noqa: E731
+    harness.wait_until(lambda: counters() == [], timeout=10, message="delivery counters deleted")
 
 
 def test_poison_task_is_dead_lettered_worker_lost_and_worker_survives(harness):

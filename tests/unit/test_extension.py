@@ -88,3 +88,14 @@ def test_delivery_count_reads_the_request():
     assert celery_dlq.delivery_count(Request()) == 1
     assert celery_dlq.delivery_count(Request({H.DELIVERY_COUNT: 4})) == 4
     assert celery_dlq.delivery_count(Request({H.DELIVERY_COUNT: "junk"})) == 1
+
+
+def test_acknowledged_messages_counters_are_deleted_in_batches(dlq, unique):
+    for tag in ("tag-1", "tag-2", "tag-3"):
+        dlq.count_delivery(f"id-{unique}", tag, floor=1)
+    dlq.forget_delivery(f"id-{unique}", "tag-1")
+    dlq.forget_delivery(f"id-{unique}", "tag-2")
+    assert dlq.flush_spent_counters(batch=1) == 2
+    assert dlq.flush_spent_counters() == 0
+    left = sorted(k.decode() for k in dlq.client.keys(f"*{{ext{unique}}}:count:*"))
+    assert left == [dlq.keys.delivery_count(f"id-{unique}:tag-3")]

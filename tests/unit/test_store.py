@@ -35,7 +35,7 @@ def make_store(client, clock=None) -> DelayedStore:
 
 
 def drop_keys(store: DelayedStore) -> None:
-    store.client.delete(*store.keys.store_keys())
+    store.client.delete(*store.keys.store_keys(), store.keys.stats)
 
 
 @pytest.fixture
@@ -160,6 +160,22 @@ def test_stale_ack_does_not_delete_another_movers_lease(store):
     assert state["leases"] == {"e1": fresh.lease_until_ms}
     assert store.ack(fresh) is True
     assert store.count() == 0
+
+
+def test_ack_many_deletes_a_batch_in_one_call_fences_each_entry_and_counts(store):
+    for i in range(4):
+        store.park(f"e{i}", b"p", "q" if i % 2 else "r", due=T0)
+    batch = store.claim_due(limit=3, now=T0, lease=30)          # e0..e2, one lease
+    [late] = store.claim_due(limit=1, now=T0 + 1, lease=30)     # e3, a later lease
+    # e1's lease expires and another mover re-claims it: this batch no longer owns it.
+    [_, stolen, _] = batch
+    store.client.zadd(store.keys.leases, {"e1": stolen.lease_until_ms + 5})
+    assert store.ack_many([*batch, late], "redelivered", 4) == 3
+    state = assert_consistent(store)
+    assert state["leases"] == {"e1": stolen.lease_until_ms + 5}
+    assert int(store.client.hget(store.keys.stats, "redelivered")) == 4
+    assert store.ack_many([], "redelivered", 0) == 0
+    assert int(store.client.hget(store.keys.stats, "redelivered")) == 4
 
 
 def test_release_parks_the_entry_again(store, clock):
