@@ -28,7 +28,6 @@ from celery_dlq.store import DelayedStore
 logger = logging.getLogger(__name__)
 
 ATTR = "_celery_dlq"
-STAT_PARKED = "parked"
 
 
 class DLQ:
@@ -149,8 +148,10 @@ class DLQ:
             envelope.headers, delivery=nxt, queue=envelope.queue, exchange=envelope.exchange,
             routing_key=envelope.routing_key, failure=failure, now=now))
         entry_id = f"{envelope.task_id or 'unknown'}:{nxt}"
-        self.store.park(entry_id, copy.dumps(), envelope.queue, due)
-        self.client.hincrby(self.keys.stats, STAT_PARKED, 1)
+        if not self.store.park(entry_id, copy.dumps(), envelope.queue, due):  # counts `parked` too
+            # Parked already by an earlier delivery of this same message whose
+            # worker died before acknowledging: no second event or signal.
+            return due
         events.parked(self, copy, failure=failure, delivery=delivery, due=due, now=now)
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))

@@ -115,10 +115,11 @@ class DelayedStore:
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
         changes and the result is False, so a message redelivered after its
-        worker died mid-park is not parked (or counted) twice.
+        worker died mid-park is not parked (or counted) twice. The ``parked``
+        counter of the stats hash is raised in the same script.
         """
         return bool(self._scripts.run(
-            "park", self.keys.store_keys(), [entry_id, payload, queue, to_ms(due)]))
+            "park", (*self.keys.store_keys(), self.keys.stats), [entry_id, payload, queue, to_ms(due)]))
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

@@ -54,9 +54,21 @@ def test_first_failure_time_is_kept_across_redeliveries(dlq, unique):
 
 
 def test_park_is_idempotent_per_delivery(dlq, unique):
-    dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
-    dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    sent = []
+
+    def receiver(sender, **kwargs):
+        sent.append(kwargs["task_id"])
+
+    task_redelivery_scheduled.connect(receiver, weak=False)
+    try:
+        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    finally:
+        task_redelivery_scheduled.disconnect(receiver)
     assert dlq.store.count() == 1
+    assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"   # counted by the park script, once
+    assert sent == [f"id-{unique}"]
+    assert dlq.client.xlen(dlq.keys.events) == 1
 
 
 def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, unique):

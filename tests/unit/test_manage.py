@@ -411,7 +411,7 @@ def test_stats(op, fake):
     dead_letter(fake)
     park(op, "a", T0)
     fake.hincrby(op.keys.stats, "dead_lettered", 5)
-    assert op.stats() == {"dead_letters_now": 1, "dead_lettered": 5, "parked_now": 1}
+    assert op.stats() == {"dead_letters_now": 1, "dead_lettered": 5, "parked": 1, "parked_now": 1}
 
 
 # -- retention ---------------------------------------------------------------------
