@@ -11,10 +11,6 @@ redelivery), not when a task started (that would add the workers' queueing).
 - raw: a loop in this process that runs the benchmark's raw Lua move (see
   bench/mover.py) every 0.2 s: the lateness that polling at that interval
   costs by itself;
-- what-if: the library's mover in this process with two changes a library
-  could make, ticks at a fixed rate (the next pass is due one interval after
-  the previous one *started*, not ended) and one pipeline of acks per batch
-  (see bench/mover.py).
 
 Target: p99 < 2 x dlq_mover_interval + 50 ms = 450 ms.
 """
@@ -30,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (BenchWorker, RedisServer, machine, parser, pct,  # noqa: E402
                           print_table, redis_server_version)
-from bench.mover import RAW_MOVE, _publish_pipelined_acks, make_app, sample_payload  # noqa: E402
+from bench.mover import RAW_MOVE, make_app, sample_payload  # noqa: E402
 
 QUEUE = "bench4"  # the queue the sample payload names
 RATE = 1000
@@ -44,7 +40,7 @@ def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
 
     doc = json.loads(payload)
     script = dlq.store._scripts.get("park")
-    keys = list(dlq.keys.store_keys())
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats]
     pipe = dlq.client.pipeline(transaction=False)
     for i in range(n):
         due = start + i / RATE
@@ -54,26 +50,6 @@ def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()
-
-
-def _fixed_rate_mover():
-    from celery_dlq.mover import MoverThread
-
-    class FixedRate(MoverThread):
-        """The library's mover, but each pass starts one interval after the previous one started."""
-
-        def run(self) -> None:
-            next_pass = time.monotonic() + self.interval
-            while not self._stop_event.wait(max(0.0, next_pass - time.monotonic())):
-                next_pass += self.interval
-                self.move_due()
-                next_pass = max(next_pass, time.monotonic())  # never try to catch up in a burst
-
-    return FixedRate
-
-
-def FixedRateMover(app, dlq):  # noqa: N802 (a class factory: celery_dlq is imported lazily)
-    return _fixed_rate_mover()(app, dlq)
 
 
 def collect(url: str, n: int, timeout: float, out: list[float]) -> None:
@@ -106,12 +82,6 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
     if side == "dlq":
         worker = BenchWorker(url, "bench5.idle", "dlq", prefix=prefix,
                              conf=json.dumps({"dlq_mover_interval": INTERVAL})).wait_ready(client)
-    elif side == "whatif":
-        app.conf.dlq_mover_interval = INTERVAL
-        mover = FixedRateMover(app, dlq)
-        mover._publish = lambda claimed: _publish_pipelined_acks(mover, claimed)
-        mover.start()
-        stop_mover = mover.stop
     else:
         move = client.register_script(RAW_MOVE)
         dlq.store  # connects, and so defines dlq.keys
@@ -131,8 +101,6 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
         return lateness
     finally:
         stop.set()
-        if side == "whatif":
-            stop_mover()
         if worker is not None:
             worker.stop()
         app.close()
@@ -153,7 +121,7 @@ def main() -> None:
         payload = sample_payload(Celery("s", broker=server.url, set_as_current=False), client)
         print(f"{n} redeliveries due at {RATE}/s over {seconds} s, mover interval {INTERVAL} s\n")
         results = {}
-        for side in ("dlq", "raw", "whatif"):
+        for side in ("dlq", "raw"):
             results[side] = lat = run(server.url, side, n, payload, seconds)
             print(f"  {side:<4} {len(lat)} arrived, p50 {pct(lat, 50) * 1000:6.1f} ms, "
                   f"p99 {pct(lat, 99) * 1000:6.1f} ms, max {max(lat) * 1000:6.1f} ms", flush=True)
@@ -161,8 +129,7 @@ def main() -> None:
     finally:
         server.stop()
     rows = []
-    for side, label in (("dlq", "celery-dlq mover (real worker)"), ("raw", "raw Lua move, same interval"),
-                        ("whatif", "what-if: fixed-rate ticks + batched acks")):
+    for side, label in (("dlq", "celery-dlq mover (real worker)"), ("raw", "raw Lua move, same interval")):
         lat = results[side]
         rows.append([label, len(lat), *(f"{pct(lat, q) * 1000:.1f}" for q in (50, 90, 99, 99.9)),
                      f"{max(lat) * 1000:.1f}", f"{min(lat) * 1000:.1f}"])
