@@ -28,6 +28,7 @@ from kombu.utils import json
 from kombu.utils.url import maybe_sanitize_url
 from kombu.utils.uuid import uuid
 
+from celery_dlq import events
 from celery_dlq import headers as H
 from celery_dlq.envelope import Envelope
 from celery_dlq.errors import DLQError
@@ -397,6 +398,7 @@ class DeadLetterQueue:
         out.done += sum(moved)
         out.missing += len(plans) - sum(moved)
         self.op.count(STAT_REPLAYED, sum(moved))
+        events.replayed(self.op, [plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
         return len(plans)
 
     def purge(self, where: Filter | None = None, *, force: bool = False, limit: int | None = None,
@@ -405,7 +407,10 @@ class DeadLetterQueue:
         if not force:
             raise ForceRequired(f"purging {self.name} deletes dead letters for good: pass force=True")
         out = Outcome()
-        if where is None and limit is None:
+        if where is None and limit is None and not events.log_of(self.op).enabled:
+            # Nothing to archive: delete the lists whole. With the archive on,
+            # each letter is read and removed (below) so its `purged` event is
+            # written and a letter arriving meanwhile is never deleted unseen.
             keys = self.op.lists.keys(self.name)
             pipe = self.op.broker.pipeline(transaction=True)
             for key in keys:
@@ -418,7 +423,9 @@ class DeadLetterQueue:
                 pipe = self.op.broker.pipeline(transaction=False)
                 for letter in letters:
                     pipe.lrem(letter.key, -1, letter.raw)
-                removed = sum(pipe.execute())
+                results = pipe.execute()
+                removed = sum(results)
+                events.purged(self.op, [letter for letter, n in zip(letters, results) if n], dlq=self.name)
                 out.matched += len(letters)
                 out.done += removed
                 out.missing += len(letters) - removed

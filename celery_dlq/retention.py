@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from kombu.utils import json
 
+from celery_dlq import events
 from celery_dlq import headers as H
 from celery_dlq.keys import Keys
 from celery_dlq.manage import broker_client, queue_lists
@@ -89,10 +90,14 @@ class Retention:
             pipe = self.broker.pipeline(transaction=False)
             for key, raw, _ in victims:
                 pipe.lrem(key, -1, raw)
+            gone: dict[str, list[bytes]] = {}
             for (key, raw, why), removed in zip(victims, pipe.execute()):
                 if removed:
                     trimmed += 1
                     self._log(dlq, raw, why)
+                    gone.setdefault(why, []).append(raw)
+            for why, raws in gone.items():  # the archive keeps what retention deletes
+                events.trimmed(self, raws, dlq=dlq, why="max_length" if why == "length" else why)
         if trimmed:
             self.client.hincrby(self.keys.stats, STAT_TRIMMED, trimmed)
         return trimmed

@@ -533,3 +533,37 @@ def test_cli_parked_retries(app, fake):
     assert refused.exit_code == 2 and len(list(ops.parked.entries())) == 2
     assert run(app, fake, "delayed", "--delete", "b", "--force").output == "Deleted 1 parked retry.\n"
     assert [r.entry_id for r in ops.parked.entries()] == ["a:2"]
+
+
+# -- the archive keeps what operators and retention do ----------------------------
+
+def archived(op) -> list[tuple[str, str, str, str]]:
+    from celery_dlq.events import EventLog
+
+    log = EventLog(op.client, op.keys, 1000)
+    return [(e.type, e.task_id, e.dlq, e.reason) for _, e in log.events()]
+
+
+def test_replay_purge_and_trim_are_archived(op, fake, app):
+    first, second, third, fourth = (dead_letter(fake, args=(i,), at=T0 + i) for i in range(4))
+    dlq = op.queue("orders")
+    dlq.replay(Filter(task_id=first.task_id))
+    dlq.replay(Filter(task_id=first.task_id))          # gone already: nothing more to archive
+    dlq.purge(Filter(task_id=second.task_id), force=True)
+    Retention(app, fake, op.keys, broker=fake).trim("DLQ.orders", max_length=1)
+    assert archived(op) == [("replayed", first.task_id, "DLQ.orders", "max_delivery_attempts"),
+                            ("purged", second.task_id, "DLQ.orders", "max_delivery_attempts"),
+                            ("trimmed", third.task_id, "DLQ.orders", "max_length")]
+    assert dlq.purge(force=True).done == 1              # all, with the archive on: read, then removed
+    assert archived(op)[-1] == ("purged", fourth.task_id, "DLQ.orders", "max_delivery_attempts")
+
+
+def test_purge_all_deletes_the_lists_whole_when_the_archive_is_off(fake):
+    app = Celery("ops", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.update(task_default_queue="orders", dlq_events_max_length=0)
+    op = Operator(app, broker=fake, client=fake, clock=FakeClock())
+    for priority in (0, 3):
+        dead_letter(fake, priority=priority)
+    assert op.queue("orders").purge(force=True).done == 2
+    assert op.depth("DLQ.orders") == 0
+    assert archived(op) == []
