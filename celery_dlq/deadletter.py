@@ -64,7 +64,7 @@ class DeadLetterer:
         dlq = policy.dead_letter_queue(envelope.queue)
         task_id = envelope.task_id or "unknown"
         if dlq is None:
-            logger.warning("celery-dlq: dropping %s[%s] from %r after %d deliveries (%s: %s): "
+            logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): "
                            "dead_letter=False", envelope.task_name, task_id, envelope.queue,
                            delivery, reason, H.summary(failure))
             self.client.hincrby(self.keys.stats, STAT_DROPPED, 1)
@@ -87,7 +87,7 @@ class DeadLetterer:
         pipe.hincrby(self.keys.stats, STAT_DEAD_LETTERED, 1)
         pipe.execute()
         events.dead_lettered(self, letter, dlq)
-        logger.warning("celery-dlq: %s[%s] dead-lettered to %s after %d deliveries (%s: %s)",
+        logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",
                        envelope.task_name, task_id, dlq, delivery, reason, H.summary(failure))
         self._notify(envelope, dlq, reason, failure, delivery)
         self.retention.after_dead_letter(dlq, policy)
