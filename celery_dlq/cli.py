@@ -366,9 +366,15 @@ def _load_plan(path: str) -> Any:
     try:
         return load_plan(path)
     except PlanError as exc:
-        raise Failure(str(exc), EXIT_USAGE) from None
+        raise Failure(_one_line(exc), EXIT_USAGE) from None
     except (OSError, pa.ArrowException) as exc:
-        raise Failure(f"cannot read a replay plan at {maybe_sanitize_url(path)}: {exc}", EXIT_USAGE) from None
+        where = maybe_sanitize_url(path)
+        raise Failure(f"cannot read a replay plan at {where}: {_one_line(exc)}", EXIT_USAGE) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: pyarrow's messages may span several."""
+    return " ".join(str(exc).split())
 
 
 def _plan_queue(op: Operator, name: str, to: str | None) -> DeadLetterQueue:

@@ -65,10 +65,7 @@ def fake():
 @pytest.fixture
 def app():
     app = Celery("ops", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    app.conf.task_default_queue = "orders"
-    app.conf.task_queues = None
-    app.conf.task_create_missing_queues = True
-    app.amqp.queues.select_add("emails")  # DLQ.emails is configured too
+    app.conf.task_default_queue = "orders"   # DLQ.orders is configured; DLQ.emails is found in Redis
     return app
 
 
@@ -89,26 +86,38 @@ def ids_in(fake, queue: str) -> list[str]:
 
 # -- the dlq group ---------------------------------------------------------------
 
+#: Runs the real `celery` program, then prints which heavy modules it had imported (atexit: celery exits).
+CELERY = """
+import atexit, json, runpy, sys
+atexit.register(lambda: print("IMPORTED " + json.dumps(sorted(
+    name for name in sys.modules if name.split(".")[0] in ("pyspark", "py4j", "pyarrow", "celery_dlq"))),
+    file=sys.stderr))
+sys.argv = ["celery", *sys.argv[1:]]
+runpy.run_module("celery", run_name="__main__")
+"""
+
+
 def test_export_and_report_are_dlq_commands_and_their_help_starts_no_jvm():
-    """Through the real `celery` program (the celery.commands entry point), with Python's import log."""
+    """Through the real `celery` program (the celery.commands entry point of pyproject.toml)."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "DLQ_TEST_BROKER": "redis://127.0.0.1:1/0",
            "DLQ_TEST_QUEUE": "orders", "DLQ_TEST_PREFIX": "ops"}
 
     def celery(*args):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "celery", "-A", "tests.integration.ops_app",
-                               "dlq", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", CELERY, "-A", "tests.integration.ops_app", "dlq", *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-        return proc.stdout, imported
+        (line,) = [line for line in proc.stderr.splitlines() if line.startswith("IMPORTED ")]
+        return proc.stdout, set(json.loads(line[len("IMPORTED "):]))
 
     listing, imported = celery("--help")
     commands = {line.split()[0] for line in listing.split("Commands:")[1].splitlines() if line.strip()}
     assert {"export", "report", "replay", "list", "purge"} <= commands
-    assert "celery_dlq.cli" in imported and "pyarrow" not in imported and "pyspark" not in imported
+    assert {"celery_dlq.cli", "celery_dlq.cli_analytics"} <= imported
     for command, option in (("report", "--replay-exception"), ("export", "--snapshot"), ("replay", "--plan")):
         text, imported = celery(command, "--help")
         assert option in text
-        assert not {name for name in imported if name.split(".")[0] in ("pyspark", "py4j", "pyarrow")}
+        assert not {name for name in imported if not name.startswith("celery_dlq")}, (command, imported)
+        assert not {name for name in imported if name.startswith("celery_dlq.analytics")}, (command, imported)
 
 
 # -- replay --plan -----------------------------------------------------------------
@@ -160,7 +169,7 @@ def test_planned_ids_no_longer_in_the_dlq_are_counted_and_exit_1(run, fake, tmp_
     assert again.output.splitlines()[-1] == "Error: 4 of 4 planned dead letters would not be replayed"
 
 
-def test_each_planned_id_moves_once_the_oldest_and_a_message_that_cannot_go_home_is_a_failure(run, fake, tmp_path):
+def test_each_planned_id_moves_once_the_oldest_and_one_that_cannot_go_home_is_a_failure(run, fake, tmp_path):
     first = dead_letter(fake, args=(1,), at=T0)
     twin = dict(first.message, headers=dict(first.headers, **{"x-dlq-dead-lettered-at": T0 + 5}))
     fake.lpush("DLQ.orders", json.dumps(twin))                      # same task id again, newer
@@ -179,10 +188,11 @@ def test_each_planned_id_moves_once_the_oldest_and_a_message_that_cannot_go_home
     assert moved["headers"]["x-dlq-dead-lettered-at"] == first.headers["x-dlq-dead-lettered-at"]
     assert ids_in(fake, "DLQ.orders") == [first.task_id, homeless.task_id]  # the twin and the homeless one
 
-    routed = run("replay", "--plan", str(tmp_path), "--to", "repair")   # --to gives it a home
-    assert ids_in(fake, "repair") == [homeless.task_id]
-    assert "1 to repair" in routed.output and routed.exit_code == 1       # first's id: only its twin left...
-    assert ids_in(fake, "DLQ.orders") == []                              # ...which was the oldest of that id
+    write_plan(tmp_path / "homeless", [homeless])
+    routed = run("replay", "--plan", str(tmp_path / "homeless"), "--to", "repair")   # --to gives it a home
+    assert routed.exit_code == 0, routed.output
+    assert "Replayed 1 of 1 matching dead letter from DLQ.orders: 1 to repair." in routed.output
+    assert ids_in(fake, "repair") == [homeless.task_id] and ids_in(fake, "DLQ.orders") == [first.task_id]
 
 
 def test_rate_paces_across_every_dlq_of_the_plan(run, fake, tmp_path, monkeypatch):
@@ -254,7 +264,8 @@ def test_a_missing_or_broken_plan_is_one_line_and_exit_2(run, fake, tmp_path):
     cases["columns"] = write_plan(tmp_path / "columns", [letter])
     pq.write_table(pa.table({"task_id": [letter.task_id]}),
                    cases["columns"] / "replay_plan" / "entries" / "part-00000.parquet")
-    expected = {"missing": "no replay plan at", "empty dir": "no replay plan at", "count": "1 entries but the manifest says 2",
+    expected = {"missing": "no replay plan at", "empty dir": "no replay plan at",
+                "count": "1 entries but the manifest says 2",
                 "not json": "unreadable", "not an object": "is not a replay plan manifest",
                 "no entries": "unreadable replay plan entries", "corrupt": "unreadable replay plan entries",
                 "columns": "no column dlq, dead_lettered_at"}
@@ -299,3 +310,18 @@ def test_plan_dlqs_follow_the_global_keyprefix(app, fake, tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert fake.llen("tenant:DLQ.orders") == 0 and ids_in(fake, QueueLists("tenant:").key("orders")) == \
         [letter.task_id]
+
+
+def test_export_is_wired_into_the_group_and_an_unreachable_redis_is_one_sanitized_line(tmp_path):
+    app = Celery("ops", broker="redis://ops:s3cret@127.0.0.1:1/0", set_as_current=False)  # nothing listens on 1
+    result = CliRunner().invoke(cli.dlq, ["export", "--out", str(tmp_path / "archive")],
+                                obj=CLIContext(app=app, no_color=True, workdir=None))
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot reach Redis at redis://ops:**@127.0.0.1:1/0: ")
+    assert len(result.output.splitlines()) == 1 and "s3cret" not in result.output
+
+
+def test_report_options_are_checked_by_the_group_before_any_spark(run, tmp_path):
+    result = run("report", "--in", str(tmp_path), "--out", str(tmp_path / "out"), "--conf", "no-equals-sign")
+    assert result.exit_code == 2 and "--conf takes key=value, got 'no-equals-sign'" in result.output
+    assert not (tmp_path / "out").exists()
