@@ -227,15 +227,24 @@ def list_(ctx: click.Context, queue: str, limit: int, as_json: bool, **filters: 
     """Dead letters of QUEUE (a DLQ, or the queue it serves), oldest first."""
     where = make_filter(**filters)
     dead = operator(ctx).queue(queue)
-    letters = dead.entries(where, limit=limit or None)
+    shown = [0]
+
+    def letters() -> Iterator[DeadLetter]:
+        for letter in dead.entries(where, limit=limit or None):
+            shown[0] += 1
+            yield letter
+
     if as_json:
-        return echo_json(letter.as_dict() for letter in letters)
-    rows = ((letter.task_id or "?", letter.task_name or "?", letter.header("x-dlq-reason") or "-",
-             letter.delivery_count or "-", at(letter.dead_lettered_at), cut(_exception(letter)))
-            for letter in letters)
-    print_table(f"{dead.name}: {n_of(dead.depth(), 'dead letter')} (sizes, args and headers: --json or show)",
-                ["task id", "task", "reason", "deliveries", "dead-lettered at", "exception"], rows,
-                keep={"task id", "task", "reason", "deliveries", "dead-lettered at"})
+        echo_json(letter.as_dict() for letter in letters())
+    else:
+        rows = ((letter.task_id or "?", letter.task_name or "?", letter.header("x-dlq-reason") or "-",
+                 letter.delivery_count or "-", at(letter.dead_lettered_at), cut(_exception(letter)))
+                for letter in letters())
+        print_table(f"{dead.name}: {n_of(dead.depth(), 'dead letter')} (sizes, args and headers: --json or show)",
+                    ["task id", "task", "reason", "deliveries", "dead-lettered at", "exception"], rows,
+                    keep={"task id", "task", "reason", "deliveries", "dead-lettered at"})
+    if where is not None and not shown[0]:  # an empty DLQ is a fact; a filter matching nothing is a miss
+        raise Failure(f"nothing matched in {dead.name}")
 
 
 def _exception(letter: DeadLetter) -> str:
@@ -565,7 +574,7 @@ def delayed(ctx: click.Context, queue: str | None, limit: int, delete_ids: tuple
 def redeliver(ctx: click.Context, ids: tuple[str, ...], everything: bool) -> None:
     """Make parked retries (entry or task ids, or --all) due now; workers' movers deliver them."""
     if bool(ids) == everything:
-        raise click.UsageError("give parked retry ids (entry or task ids) or --all, not both")
+        raise click.UsageError("give parked retry ids (entry or task ids), or --all; one or the other")
     parked = operator(ctx).parked
     n = parked.redeliver_now() if everything else sum(parked.redeliver_now(ident) for ident in ids)
     if not n:

@@ -492,6 +492,9 @@ def test_cli_json_shapes_and_exit_codes(app, fake):
     assert "unknown dead-letter queue 'nope'" in run(app, fake, "list", "nope").output
     assert run(app, fake, "replay", "orders").exit_code == 2           # says nothing about which
     assert run(app, fake, "list", "orders", "--since", "yesterday").exit_code == 2
+    missed = run(app, fake, "list", "orders", "--grep", "no such text", "--json")
+    assert missed.exit_code == 1 and missed.output.startswith("[]") and "nothing matched in DLQ.orders" in missed.output
+    assert run(app, fake, "list", "orders", "--grep", "card declined").exit_code == 0
     assert run(app, fake, "replay", "orders", "--task", "x.*", "--all").exit_code == 1  # nothing matched
     purge = run(app, fake, "purge", "orders", "--all")                 # no terminal, no --force
     assert purge.exit_code == 2 and "refusing" in purge.output and fake.llen("DLQ.orders") == 1
