@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fakeredis
 import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
@@ -53,20 +52,6 @@ def write_plan(out: Path, letters, selected: int | None = None) -> Path:
                            "selected": len(rows) if selected is None else selected}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return out
-
-
-@pytest.fixture
-def fake():
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def app():
-    app = Celery("ops", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    app.conf.task_default_queue = "orders"   # DLQ.orders is configured; DLQ.emails is found in Redis
-    return app
 
 
 @pytest.fixture

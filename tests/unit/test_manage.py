@@ -12,7 +12,6 @@ import json
 import logging
 import uuid
 
-import fakeredis
 import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
@@ -84,20 +83,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def fake():
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def app():
-    app = Celery("ops", broker="redis://127.0.0.1:1/0", set_as_current=False)
-    app.conf.task_default_queue = "orders"
-    return app
 
 
 @pytest.fixture
