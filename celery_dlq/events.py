@@ -335,11 +335,24 @@ def _isolated(hook: Callable[..., list[Event]]) -> Callable[..., int]:
     return run
 
 
-@_isolated
-def parked(source: Any, copy: Envelope, *, failure: Mapping[str, str], delivery: int,
-           due: float, now: float) -> list[Event]:
-    """Delivery ``delivery`` failed; ``copy`` (the parked message) comes back at ``due``."""
-    return [event_of(EventType.PARKED, copy, ts=now, delivery=delivery, failure=failure, due=due)]
+def parked_fields(source: Any, copy: Envelope, *, failure: Mapping[str, str], delivery: int,
+                  due: float, now: float) -> tuple[dict[str, str] | None, int]:
+    """The ``parked`` event's stream fields and the archive's cap, for the park script to append.
+
+    Delivery ``delivery`` failed; ``copy`` (the parked message) comes back at
+    ``due``. The park script appends the event in the same round trip as the
+    park. ``(None, 0)`` when the archive is off or the event cannot be built
+    (logged: the archive never stops a park).
+    """
+    try:
+        log = log_of(source)
+        if not log.enabled:
+            return None, 0
+        event = event_of(EventType.PARKED, copy, ts=now, delivery=delivery, failure=failure, due=due)
+        return event.to_fields(), log.max_length
+    except Exception:
+        logger.exception("celery-dlq: could not build a parked event; carrying on")
+        return None, 0
 
 
 @_isolated

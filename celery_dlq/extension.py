@@ -148,11 +148,11 @@ class DLQ:
             envelope.headers, delivery=nxt, queue=envelope.queue, exchange=envelope.exchange,
             routing_key=envelope.routing_key, failure=failure, now=now))
         entry_id = f"{envelope.task_id or 'unknown'}:{nxt}"
-        if not self.store.park(entry_id, copy.dumps(), envelope.queue, due):  # counts `parked` too
+        event, max_length = events.parked_fields(self, copy, failure=failure, delivery=delivery, due=due, now=now)
+        if not self.store.park(entry_id, copy.dumps(), envelope.queue, due, event, max_length):
             # Parked already by an earlier delivery of this same message whose
             # worker died before acknowledging: no second event or signal.
             return due
-        events.parked(self, copy, failure=failure, delivery=delivery, due=due, now=now)
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
         return due

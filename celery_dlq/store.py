@@ -19,12 +19,15 @@ operation over several keys is one Lua script (see ``celery_dlq/lua``).
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.keys import Keys, Scripts
+
+logger = logging.getLogger(__name__)
 
 #: Entries rescheduled per script call by :meth:`DelayedStore.redeliver_now`.
 REDELIVER_BATCH = 500
@@ -110,16 +113,27 @@ class DelayedStore:
 
     # -- the mover's side ------------------------------------------------------
 
-    def park(self, entry_id: str, payload: bytes, queue: str, due: float) -> bool:
+    def park(self, entry_id: str, payload: bytes, queue: str, due: float,
+             event: Mapping[str, str] | None = None, events_max_length: int = 0) -> bool:
         """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
         changes and the result is False, so a message redelivered after its
         worker died mid-park is not parked (or counted) twice. The ``parked``
-        counter of the stats hash is raised in the same script.
+        counter of the stats hash is raised, and ``event`` (stream fields) is
+        appended to the archive (capped at ``events_max_length``; 0: none), in
+        the same script: one round trip. An archive error is logged, never
+        raised: the message is parked.
         """
-        return bool(self._scripts.run(
-            "park", (*self.keys.store_keys(), self.keys.stats), [entry_id, payload, queue, to_ms(due)]))
+        args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0]
+        for name, value in (event or {}).items():
+            args += [name, value]
+        result = int(self._scripts.run(
+            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events), args))
+        if result == 2:
+            logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
+                           self.keys.events)
+        return result > 0
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

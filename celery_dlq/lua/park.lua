@@ -6,15 +6,20 @@
 -- KEYS[4] = queues    (HASH) entry_id -> original queue name
 -- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
 -- KEYS[6] = stats     (HASH) counter name -> integer: its `parked` counter counts parks
+-- KEYS[7] = events    (STREAM) the archive: the `parked` event is appended here
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
 -- ARGV[3] = queue
 -- ARGV[4] = due time (ms)
+-- ARGV[5] = the archive's MAXLEN (approximate); 0: no event
+-- ARGV[6], ARGV[7], ... = the event's field, value pairs
 --
--- Returns 1 when parked, 0 when entry_id is already parked or leased (nothing
--- changes: a redelivered failure must not park, or count, twice). One round
--- trip parks and counts.
+-- Returns 0 when entry_id is already parked or leased (nothing changes: a
+-- redelivered failure must not park, or count, twice), 1 when parked, 2 when
+-- parked but the event could not be archived (the archive never fails a
+-- park: its error is reported, not raised). One round trip parks, counts and
+-- archives.
 
 local id = ARGV[1]
 if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
@@ -26,4 +31,14 @@ redis.call('HSET', KEYS[4], id, ARGV[3])
 redis.call('ZADD', KEYS[1], ARGV[4], id)
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[6], 'parked', 1)
+if tonumber(ARGV[5]) > 0 and #ARGV > 6 then
+    local event = {}
+    for i = 6, #ARGV do
+        event[#event + 1] = ARGV[i]
+    end
+    local ok = redis.pcall('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', unpack(event))
+    if type(ok) == 'table' and ok.err then
+        return 2
+    end
+end
 return 1

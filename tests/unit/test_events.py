@@ -179,17 +179,23 @@ def test_dropped_message_is_archived_with_its_record(app, unique):
     assert Envelope.loads(dropped.record).body == env.body
 
 
-def test_archive_failure_never_breaks_park(app, unique, monkeypatch, caplog):
+def test_archive_failure_never_breaks_park(app, unique, caplog):
     dlq = install(app)
-
-    def broken(self, client, event):
-        raise redis.ResponseError("WRONGTYPE")
-
-    monkeypatch.setattr(EventLog, "_xadd", broken)
-    with caplog.at_level(logging.ERROR, logger="celery_dlq.events"):
+    dlq.client.set(dlq.keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.store"):
         dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     assert dlq.store.count() == 1
-    assert "could not archive 1 parked event" in caplog.text
+    assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"
+    assert "could not archive its event" in caplog.text
+
+
+def test_park_archives_its_event_in_the_same_script(app, unique):
+    dlq = install(app)
+    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    [(_, fields)] = dlq.client.xrange(dlq.keys.events)
+    event = Event.from_fields(fields)
+    assert (event.type, event.delivery, event.exception_type) == ("parked", 1, FAILURE["type"])
+    assert event.due_us is not None and event.due_us > event.ts_us
 
 
 def test_archive_off_writes_nothing(app, unique):

@@ -67,13 +67,13 @@ def test_script_header_documents_every_key_and_argument(name):
         documented = set(re.findall(r"^-- " + kind + r"\[(\d+)\] = ", header, re.M))
         assert used <= documented, f"{name}: {kind} used but not in the header"
     for line in re.findall(r"^-- KEYS\[\d+\] = .*$", header, re.M):
-        assert re.search(r"\((ZSET|HASH|STRING|LIST|SET)\)", line), line
+        assert re.search(r"\((ZSET|HASH|STRING|LIST|SET|STREAM)\)", line), line
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_scripts_only_touch_keys_passed_in_keys(name):
     body = script_source(name)
-    for command, key in re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", body):
+    for command, key in re.findall(r"redis\.p?call\('(\w+)',\s*([^,)]+)", body):
         assert re.fullmatch(r"KEYS\[(\d+|i)\]", key), f"{name}: {command} on {key}"
 
 

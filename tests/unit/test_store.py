@@ -494,3 +494,14 @@ def test_long_seeded_interleavings_match_the_model(any_redis, seed):
             check_against_model(store, model)
     finally:
         drop_keys(store)
+
+
+def test_park_appends_its_event_to_the_capped_archive_once(store):
+    event = {"v": "1", "type": "parked", "task_id": "t1", "delivery": "1"}
+    assert store.park("t1:2", b"p", "q", due=T0, event=event, events_max_length=1000)
+    assert not store.park("t1:2", b"p", "q", due=T0, event=event, events_max_length=1000)  # duplicate
+    [(_, fields)] = store.client.xrange(store.keys.events)
+    assert {k.decode(): v.decode() for k, v in fields.items()} == event
+    assert store.park("t2:2", b"p", "q", due=T0, event=event, events_max_length=0)  # archive off
+    assert store.client.xlen(store.keys.events) == 1
+    store.client.delete(store.keys.events)
