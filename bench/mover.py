@@ -84,12 +84,12 @@ def park_all(dlq, n: int, payload: bytes) -> None:
     from celery_dlq.store import to_ms
 
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
     due = to_ms(time.time() - 1)
     for start in range(0, n, PARK_CHUNK):
         pipe = dlq.client.pipeline(transaction=False)
         for i in range(start, min(n, start + PARK_CHUNK)):
-            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due], client=pipe)
+            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0], client=pipe)
         pipe.execute()
 
 

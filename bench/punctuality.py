@@ -40,13 +40,13 @@ def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
 
     doc = json.loads(payload)
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
     pipe = dlq.client.pipeline(transaction=False)
     for i in range(n):
         due = start + i / RATE
         doc["headers"]["bench-due"] = due
         doc["headers"]["id"] = f"punct-{i}"
-        script(keys=keys, args=[f"punct-{i}:2", json.dumps(doc), QUEUE, to_ms(due)], client=pipe)
+        script(keys=keys, args=[f"punct-{i}:2", json.dumps(doc), QUEUE, to_ms(due), 0], client=pipe)
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()
