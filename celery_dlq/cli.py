@@ -31,7 +31,7 @@ from celery_dlq.cli_analytics import export, report
 from celery_dlq.errors import ConfigurationError, DLQError
 from celery_dlq.headers import Reason
 from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, Operator, Outcome,
-                               UnknownQueue)
+                               TaskIds, UnknownQueue)
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -289,21 +289,29 @@ def _print_letter(letter: DeadLetter) -> None:
     console().print(d["headers"].get("x-dlq-traceback") or "(no traceback)", markup=False, highlight=False)
 
 
-def _selection(ids: tuple[str, ...], everything: bool, filters: dict) -> list[Filter | None]:
-    """One filter per task id, or the filter alone; refuses to select everything by accident."""
-    base = make_filter(**filters)
+def _selection(ids: tuple[str, ...], everything: bool, filters: dict, *,
+               every: bool = False) -> Filter | TaskIds | None:
+    """What to select in one pass; refuses to select everything by accident.
+
+    Task ids become one :class:`TaskIds` (the filter options narrowing it):
+    the oldest dead letter of each id, or with ``every`` each of them.
+    """
+    where = make_filter(**filters)
     if ids:
-        return [make_filter(task_id=task_id, **filters) for task_id in ids]
-    if base is None and not everything:
+        return TaskIds(ids, where, every=every)
+    if where is None and not everything:
         raise click.UsageError("say which dead letters: TASK_ID..., a filter option, or --all")
-    return [base]
+    return where
 
 
-def _total(dead: Any, wheres: list[Filter | None], limit: int | None) -> int | None:
-    """The progress bar's total: known only when every dead letter is selected."""
-    if wheres != [None]:
+def _total(dead: Any, where: Filter | TaskIds | None, limit: int | None) -> int | None:
+    """The progress bar's total: every dead letter, or one per id (at most); unknown for a filter."""
+    if where is None:
+        depth = dead.depth()
+    elif isinstance(where, TaskIds) and not where.every:
+        depth = len(where)
+    else:
         return None
-    depth = dead.depth()
     return min(depth, limit) if limit else depth
 
 
@@ -326,7 +334,8 @@ def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], eve
     """Send dead letters of QUEUE back to their original queue, delivery count reset.
 
     Each message moves atomically: interrupted, run it again; none is lost or
-    delivered twice. By task id only the oldest dead letter of each id moves.
+    delivered twice. By task id only the oldest dead letter of each id moves;
+    the DLQ is read once for all the ids, so --rate paces them.
     With --plan DIR, exactly the dead letters a `dlq report` replay plan
     selected move (read with pyarrow, no JVM); ids, filters, --all and
     --limit do not combine with it.
@@ -338,15 +347,11 @@ def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], eve
         return replay_plan(ctx, plan_path, queue, to=to, rate=rate, dry_run=dry_run)
     if queue is None:
         raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
-    wheres = _selection(task_ids, everything, filters)
-    op = operator(ctx)
-    dead = op.queue(queue)
-    total = Outcome(dry_run=dry_run)
-    with progress(f"replaying {dead.name}", _total(dead, wheres, limit)) as advance:
-        for where in wheres:
-            one = limit if not task_ids else 1
-            _add(total, dead.replay(where, to=to, limit=one, rate=rate, dry_run=dry_run, progress=advance))
-    _report(dead.name, total, "Replayed")
+    where = _selection(task_ids, everything, filters)
+    dead = operator(ctx).queue(queue)
+    with progress(f"replaying {dead.name}", _total(dead, where, limit)) as advance:
+        out = dead.replay(where, to=to, limit=limit, rate=rate, dry_run=dry_run, progress=advance)
+    _report(dead.name, out, "Replayed")
 
 
 # -- replay --plan ------------------------------------------------------------
@@ -364,17 +369,15 @@ def purge(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything:
 
     By task id, every dead letter of that id goes.
     """
-    wheres = _selection(task_ids, everything, filters)
-    op = operator(ctx)
-    dead = op.queue(queue)
+    where = _selection(task_ids, everything, filters, every=True)
+    dead = operator(ctx).queue(queue)
     if not force:
-        count = dead.depth() if wheres == [None] else sum(sum(1 for _ in dead.entries(w)) for w in wheres)
+        counted = where.fresh() if isinstance(where, TaskIds) else where   # a TaskIds serves one pass
+        count = dead.depth() if where is None else sum(1 for _ in dead.entries(counted))
         _confirm(f"delete {n_of(count, 'dead letter')} from {dead.name}")
-    total = Outcome()
-    with progress(f"purging {dead.name}", _total(dead, wheres, None)) as advance:
-        for where in wheres:
-            _add(total, dead.purge(where, force=True, progress=advance))
-    _report(dead.name, total, "Deleted")
+    with progress(f"purging {dead.name}", _total(dead, where, None)) as advance:
+        out = dead.purge(where, force=True, progress=advance)
+    _report(dead.name, out, "Deleted")
 
 
 def _confirm(what: str) -> None:
@@ -382,14 +385,6 @@ def _confirm(what: str) -> None:
     if not sys.stdin.isatty():
         raise Failure(f"refusing to {what} without --force (nothing was deleted)", EXIT_USAGE)
     click.confirm(f"This will {what}. There is no undo. Continue?", abort=True)
-
-
-def _add(total: Outcome, one: Outcome) -> None:
-    total.matched += one.matched
-    total.done += one.done
-    total.missing += one.missing
-    total.failed += one.failed
-    total.targets.update(one.targets)
 
 
 def _report(name: str, out: Outcome, verb: str) -> None:

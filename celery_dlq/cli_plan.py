@@ -3,8 +3,9 @@
 The plan is read with pyarrow only (``celery_dlq.analytics.plan``), never a
 JVM. Every DLQ it names is checked before anything moves; each DLQ is then
 read once, oldest first, replaying the oldest dead letter of each planned
-task id. Split from :mod:`celery_dlq.cli`, which imports it when ``--plan``
-is given.
+task id (:class:`~celery_dlq.deadletters.TaskIds`, as ``replay QUEUE ID...``
+does). Split from :mod:`celery_dlq.cli`, which imports it when ``--plan`` is
+given.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.cli import (EXIT_FAILED, EXIT_USAGE, Failure, _echo_outcome, n_of, operator,
                             progress)
-from celery_dlq.manage import DeadLetter, DeadLetterQueue, Operator, UnknownQueue
+from celery_dlq.manage import DeadLetterQueue, Operator, TaskIds, UnknownQueue
 
 
 def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: bool, limit: int | None,
@@ -75,28 +76,6 @@ def _plan_queue(op: Operator, name: str, to: str | None) -> DeadLetterQueue:
     return dead
 
 
-class _PlannedIds:
-    """Selects the oldest dead letter of each planned task id, once.
-
-    ``DeadLetterQueue.replay`` asks ``matches`` of each dead letter, oldest
-    first: one pass over a DLQ replays its whole share of the plan (a
-    ``Filter(task_id=...)`` per id would read the DLQ once per id, and --rate
-    would pace nothing). The ids never seen are what ``left`` holds afterwards.
-    """
-
-    def __init__(self, task_ids: list[str]) -> None:
-        self.left = dict.fromkeys(task_ids)
-
-    def __len__(self) -> int:
-        return len(self.left)
-
-    def matches(self, letter: DeadLetter) -> bool:
-        if letter.task_id in self.left:
-            del self.left[letter.task_id]
-            return True
-        return False
-
-
 def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | None, rate: float | None,
                  dry_run: bool) -> None:
     """``replay --plan``: every DLQ of the plan (or ``only``), checked first, then replayed in one pass each."""
@@ -120,21 +99,25 @@ def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | No
     for n, (name, dead) in enumerate(queues.items()):
         if n and rate:  # the next DLQ's first message keeps the pace too
             dead.sleep(1 / rate)
-        short += _replay_planned(dead, _PlannedIds(by_dlq[name]), to=to, rate=rate, dry_run=dry_run)
+        short += _replay_planned(dead, TaskIds(by_dlq[name]), to=to, rate=rate, dry_run=dry_run)
     if short:
         verb = "would not be" if dry_run else "were not"
         raise Failure(f"{short} of {n_of(planned, 'planned dead letter')} {verb} replayed", EXIT_FAILED)
 
 
-def _replay_planned(dead: DeadLetterQueue, wanted: _PlannedIds, *, to: str | None, rate: float | None,
+def _replay_planned(dead: DeadLetterQueue, wanted: TaskIds, *, to: str | None, rate: float | None,
                     dry_run: bool) -> int:
-    """Replay one DLQ's share of a plan and report it; returns how many were not (missing or failed)."""
+    """Replay one DLQ's share of a plan and report it; returns how many were not (missing or failed).
+
+    One pass over the DLQ: ``wanted`` selects the oldest dead letter of each planned id, once; the
+    ids it never selected are those no longer in the DLQ.
+    """
     expected = len(wanted)
     with progress(f"replaying {dead.name}", expected) as advance:
         out = dead.replay(wanted, to=to, limit=expected, rate=rate, dry_run=dry_run, progress=advance)
     if out.matched:
         _echo_outcome(dead.name, out, "Replayed")
-    not_found = list(wanted.left)
+    not_found = wanted.missing
     if not_found:
         click.echo(f"{len(not_found)} of {n_of(expected, 'planned dead letter')} no longer in "
                    f"{dead.name} (replayed, purged or trimmed since the report): {', '.join(not_found[:20])}"

@@ -25,7 +25,7 @@ from kombu.utils import json
 from celery_dlq import events
 from celery_dlq import headers as H
 from celery_dlq.keys import Keys
-from celery_dlq.manage import broker_client, queue_lists
+from celery_dlq.layout import broker_client, queue_lists
 from celery_dlq.policy import RedeliveryPolicy
 
 logger = logging.getLogger(__name__)

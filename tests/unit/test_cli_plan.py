@@ -22,7 +22,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from celery_dlq import cli  # noqa: E402
 from celery_dlq.manage import Operator, QueueLists  # noqa: E402
-from tests.unit.test_manage import T0, FakeClock, dead_letter, stored  # noqa: E402
+from tests.unit.test_manage import T0, CountingRedis, FakeClock, dead_letter, read_once, stored  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN_SCHEMA = pa.schema([
@@ -197,6 +197,21 @@ def test_rate_paces_across_every_dlq_of_the_plan(run, fake, tmp_path, monkeypatc
     assert result.exit_code == 0, result.output
     assert sum(slept) == 1.0 and clock[0] == 1.0                    # 3 messages at 2/s: 0, 0.5, 1.0 s
     assert fake.llen("orders") == 2 and fake.llen("emails") == 1
+
+
+def test_each_dlq_of_the_plan_is_read_in_one_pass(app, fake, tmp_path, monkeypatch):
+    broker = CountingRedis(fake)
+    ops = Operator(app, broker=broker, client=fake, clock=FakeClock())
+    monkeypatch.setattr(cli, "make_operator", lambda _app: ops)
+    letters = [dead_letter(fake, args=(n,), priority=3 * (n % 2)) for n in range(4)]
+    skipped = dead_letter(fake, args=(9,))
+    write_plan(tmp_path, letters[::-1] + [("gone", "DLQ.orders")])
+    result = CliRunner().invoke(cli.dlq, ["replay", "--plan", str(tmp_path)],
+                                obj=CLIContext(app=app, no_color=True, workdir=None))
+    assert result.exit_code == 1 and "1 of 5 planned dead letters no longer in DLQ.orders" in result.output
+    assert "Replayed 4 of 4 matching dead letters from DLQ.orders: 4 to orders." in result.output
+    assert read_once(broker.lranges, "DLQ.orders")     # one pass for every planned id (and the missing one)
+    assert ids_in(fake, "DLQ.orders") == [skipped.task_id]
 
 
 def test_queue_limits_the_plan_to_one_dlq(run, fake, tmp_path):

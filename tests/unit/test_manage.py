@@ -24,7 +24,7 @@ from celery_dlq.envelope import CARRIED_PROPERTIES, Envelope
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.keys import Keys
 from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
-                               QueueLists, UnknownQueue)
+                               QueueLists, TaskIds, UnknownQueue)
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.retention import STAT_TRIMMED, Retention
 
@@ -93,6 +93,31 @@ def op(app, fake):
 def stored(fake, key: str) -> list[dict]:
     """A list's messages, oldest first."""
     return [json.loads(raw) for raw in reversed(fake.lrange(key, 0, -1))]
+
+
+def twin_of(fake, letter: DeadLetter, at: float) -> None:
+    """Push another dead letter of ``letter``'s task id, newer (dead-lettered at ``at``)."""
+    twin = dict(letter.message, headers=dict(letter.headers, **{H.DEAD_LETTERED_AT: at}))
+    fake.lpush(letter.key, json.dumps(twin))
+
+
+class CountingRedis:
+    """The fakeredis client, noting the key of every LRANGE: how often each DLQ list is read."""
+
+    def __init__(self, client) -> None:
+        self.client, self.lranges = client, []
+
+    def lrange(self, key, start, end):
+        self.lranges.append(key.decode() if isinstance(key, bytes) else key)
+        return self.client.lrange(key, start, end)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def read_once(lranges: list[str], dlq: str, prefix: str = "") -> bool:
+    """Whether every list of ``dlq`` was read exactly once (one pass; each page under PAGE)."""
+    return sorted(lranges) == sorted(QueueLists(prefix).keys(dlq))
 
 
 # -- kombu's layout -------------------------------------------------------------
@@ -207,6 +232,25 @@ def test_filters(op, fake):
     assert ids(task_id=b.task_id) == [b.task_id]
     with pytest.raises(ConfigurationError):
         Filter(task_name="shop.**")
+
+
+def test_task_ids_select_in_one_pass_the_oldest_of_each_or_every_one(op, fake):
+    a = dead_letter(fake, at=T0)
+    twin_of(fake, a, T0 + 5)                           # a's task id again, newer
+    b = dead_letter(fake, task="mail.send", at=T0 + 10)
+    dlq = op.queue("orders")
+    wanted = TaskIds([b.task_id, a.task_id, "nope", b.task_id])
+    assert len(wanted) == 3
+    assert [(x.task_id, x.dead_lettered_at) for x in dlq.entries(wanted)] == [(a.task_id, T0), (b.task_id, T0 + 10)]
+    assert wanted.missing == ["nope"]                  # oldest first, each id once, in the DLQ's order
+    assert [x.task_id for x in dlq.entries(wanted)] == []   # spent: one pass
+    every = TaskIds([a.task_id, b.task_id], Filter(task_name="shop.*"), every=True)
+    assert [x.dead_lettered_at for x in dlq.entries(every)] == [T0, T0 + 5]
+    assert every.missing == [b.task_id]                # rejected by where=
+    assert len(list(dlq.entries(every.fresh()))) == 2
+    limited = TaskIds([a.task_id, b.task_id])
+    assert [x.task_id for x in dlq.entries(limited, limit=1)] == [a.task_id]
+    assert limited.missing == [b.task_id]              # past the limit, b was never offered, so not used up
 
 
 def test_pickle_is_listed_raw_never_unpickled_unless_accepted(op, fake, app):
@@ -449,8 +493,8 @@ def test_trim_failure_is_logged_not_raised(app, fake, caplog):
 
 # -- CLI (in-process; tests/integration runs the real `celery` program) -------------
 
-def run(app, fake, *args):
-    ops = Operator(app, broker=fake, client=fake)
+def run(app, fake, *args, ops=None):
+    ops = ops or Operator(app, broker=fake, client=fake)
     runner = CliRunner()
     original = cli.make_operator
     cli.make_operator = lambda _app: ops
@@ -497,6 +541,64 @@ def test_cli_partial_failure_exits_1(app, fake):
     result = run(app, fake, "replay", "orders", "--all")
     assert result.exit_code == 1
     assert "Replayed 1 of 2" in result.output and "1 dead letter could not be handled" in result.output
+
+
+def test_cli_replay_of_ids_is_one_paced_pass(app, fake):
+    a, x, b = dead_letter(fake, args=(1,)), dead_letter(fake, args=(2,)), dead_letter(fake, args=(3,))
+    c = dead_letter(fake, args=(4,), priority=9)
+    broker = CountingRedis(fake)
+    ops = Operator(app, broker=broker, client=fake, clock=FakeClock())
+    now, sleeps = [100.0], []
+    queue = ops.queue
+
+    def paced_queue(name):  # the injected clock, as in test_replay_rate_limit_paces_with_the_injected_clock
+        dlq = queue(name)
+        dlq.monotonic = lambda: now[0]
+        dlq.sleep = lambda s: (sleeps.append(round(s, 3)), now.__setitem__(0, now[0] + s))
+        return dlq
+
+    ops.queue = paced_queue
+    result = run(app, fake, "replay", "orders", c.task_id, b.task_id, a.task_id, "--rate", "2", ops=ops)
+    assert result.exit_code == 0, result.output
+    assert result.output == "Replayed 3 of 3 matching dead letters from DLQ.orders: 3 to orders.\n"
+    assert sleeps == [0.0, 0.5, 0.5]                   # 3 messages at 2/s: paced across the ids
+    assert read_once(broker.lranges, "DLQ.orders")     # one pass, not one per id
+    assert [m["headers"]["id"] for m in stored(fake, "orders")] == [a.task_id, b.task_id]   # the DLQ's order
+    assert [m["headers"]["id"] for m in stored(fake, QueueLists().key("orders", 9))] == [c.task_id]
+    assert [letter.task_id for letter in ops.queue("orders").entries()] == [x.task_id]
+
+
+def test_cli_replay_of_ids_moves_the_oldest_of_each_once_and_missing_ids_as_before(app, fake):
+    a, b = dead_letter(fake, args=(1,), at=T0), dead_letter(fake, args=(2,), at=T0 + 1)
+    twin_of(fake, a, T0 + 5)
+    one = run(app, fake, "replay", "orders", a.task_id, a.task_id, "nope")
+    assert one.exit_code == 0 and one.output == "Replayed 1 of 1 matching dead letter from DLQ.orders: 1 to orders.\n"
+    assert [m["headers"][H.DEAD_LETTERED_AT] for m in stored(fake, "orders")] == [T0]
+    none = run(app, fake, "replay", "orders", "nope", "nope-2")
+    assert none.exit_code == 1 and none.output == "Error: nothing matched in DLQ.orders\n"
+    filtered = run(app, fake, "replay", "orders", b.task_id, "--task", "mail.*")
+    assert filtered.exit_code == 1 and fake.llen("orders") == 1
+    limited = run(app, fake, "replay", "orders", a.task_id, b.task_id, "--limit", "1")
+    assert limited.exit_code == 0 and "Replayed 1 of 1 matching dead letter" in limited.output
+    assert [m["headers"][H.DEAD_LETTERED_AT] for m in stored(fake, "orders")] == [T0, T0 + 1]
+
+
+def test_cli_purge_of_ids_deletes_every_dead_letter_of_each_in_one_pass(app, fake):
+    a, b, keep = dead_letter(fake, args=(1,), at=T0), dead_letter(fake, args=(2,), priority=3), dead_letter(fake)
+    twin_of(fake, a, T0 + 5)
+    broker = CountingRedis(fake)
+    ops = Operator(app, broker=broker, client=fake, clock=FakeClock())
+    refused = run(app, fake, "purge", "orders", a.task_id, b.task_id, "nope", ops=ops)
+    assert refused.exit_code == 2
+    assert "refusing to delete 3 dead letters from DLQ.orders without --force" in refused.output
+    assert read_once(broker.lranges, "DLQ.orders") and ops.depth("DLQ.orders") == 4
+    broker.lranges.clear()
+    result = run(app, fake, "purge", "orders", a.task_id, b.task_id, "nope", "--force", ops=ops)
+    assert result.exit_code == 0 and result.output == "Deleted 3 of 3 matching dead letters from DLQ.orders.\n"
+    assert read_once(broker.lranges, "DLQ.orders")
+    assert [letter.task_id for letter in ops.queue("orders").entries()] == [keep.task_id]
+    missed = run(app, fake, "purge", "orders", "nope", "--force", ops=ops)
+    assert missed.exit_code == 1 and missed.output == "Error: nothing matched in DLQ.orders\n"
 
 
 def test_parse_time():

@@ -1,0 +1,227 @@
+"""One dead-letter queue as an operator works it: list, replay, purge.
+
+Dead letters live on the broker, in the Redis lists kombu uses for the queue
+``DLQ.<queue>`` (one per priority step, see :mod:`celery_dlq.layout`), as
+kombu's JSON. They are read a page at a time from the oldest end, and each
+page is offered to the selection (:mod:`celery_dlq.deadletters`) once, so an
+operation is one pass over the DLQ whatever it selects. A replay rewrites
+each message and moves it with one Lua script (remove this exact element
+from the DLQ, push the copy onto the target queue), so a replay interrupted
+anywhere and run again delivers every message once.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from kombu.utils import json
+
+from celery_dlq import events
+from celery_dlq.deadletters import DeadLetter, Filter, Selector
+from celery_dlq.errors import DLQError
+
+if TYPE_CHECKING:
+    from celery_dlq.manage import Operator
+
+#: Dead letters read per LRANGE (and moved per pipeline).
+PAGE = 500
+STAT_REPLAYED, STAT_PURGED = "replayed", "purged"
+
+
+class ForceRequired(DLQError):
+    """A destructive operation was asked for without ``force=True``."""
+
+
+@dataclass
+class Outcome:
+    """What a replay or purge did; ``missing`` ones were gone (moved by someone else) when reached."""
+
+    matched: int = 0
+    done: int = 0
+    missing: int = 0
+    failed: list[str] = field(default_factory=list)
+    targets: Counter = field(default_factory=Counter)
+    dry_run: bool = False
+
+
+class _Pages:
+    """Oldest-first pages of lists being changed: add to ``removed`` what you took from the last page.
+
+    A page is counted from the right (oldest) end, so messages added at the
+    left meanwhile never shift it; removals do, and are subtracted.
+    """
+
+    def __init__(self, client: Any, keys: list[str], batch: int) -> None:
+        self.client, self.keys, self.batch, self.removed = client, keys, batch, 0
+
+    def __iter__(self) -> Iterator[tuple[str, list[bytes]]]:
+        for key in self.keys:
+            seen = self.removed = 0
+            while True:
+                skip = seen - self.removed
+                raw = self.client.lrange(key, -(skip + self.batch), -(skip + 1))
+                if not raw:
+                    break
+                seen += len(raw)
+                yield key, raw[::-1]
+                if len(raw) < self.batch:
+                    break
+
+
+def _take(letters: list[DeadLetter], where: Selector | None, left: int | None) -> list[DeadLetter]:
+    """The ``letters`` ``where`` selects, at most ``left``; none is offered to ``where`` past the limit.
+
+    A stateful selector (:class:`~celery_dlq.deadletters.TaskIds`) counts
+    what it matched as taken, so it must not be asked about letters that
+    the limit then leaves behind.
+    """
+    taken: list[DeadLetter] = []
+    for letter in letters:
+        if left is not None and len(taken) >= left:
+            break
+        if where is None or where.matches(letter):
+            taken.append(letter)
+    return taken
+
+
+class DeadLetterQueue:
+    """One DLQ (Sidekiq's ``DeadSet``): iterate, show, replay, purge.
+
+    ``where`` is any :class:`~celery_dlq.deadletters.Selector`: a
+    :class:`~celery_dlq.deadletters.Filter`, or
+    :class:`~celery_dlq.deadletters.TaskIds` for a set of task ids.
+    """
+
+    def __init__(self, operator: Operator, name: str) -> None:
+        self.op, self.name = operator, name
+        self.sleep: Callable[[float], None] = time.sleep
+        self.monotonic: Callable[[], float] = time.monotonic
+
+    def __repr__(self) -> str:
+        return f"DeadLetterQueue({self.name!r})"
+
+    def depth(self) -> int:
+        return self.op.depth(self.name)
+
+    def _pages(self, batch: int) -> _Pages:
+        return _Pages(self.op.broker, self.op.lists.keys(self.name), batch)
+
+    def _selected(self, pages: _Pages, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
+        left = limit
+        for key, raws in pages:
+            letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+            if left is not None:
+                left -= len(letters)
+            if letters:
+                yield letters
+            if left == 0:
+                return
+
+    def entries(self, where: Selector | None = None, limit: int | None = None,
+                batch: int = PAGE) -> Iterator[DeadLetter]:
+        """Matching dead letters, oldest first (priority 0 first), ``batch`` per round trip. Not a snapshot."""
+        for letters in self._selected(self._pages(batch), where, limit):
+            yield from letters
+
+    def get(self, task_id: str) -> DeadLetter | None:
+        return next(self.entries(Filter(task_id=task_id), limit=1), None)
+
+    def replay(self, where: Selector | None = None, *, to: str | None = None, limit: int | None = None,
+               rate: float | None = None, dry_run: bool = False,
+               progress: Callable[[int], None] | None = None, batch: int = PAGE) -> Outcome:
+        """Move matching dead letters back to their original queue (or ``to``), oldest first, in one pass.
+
+        ``rate`` caps messages per second over the whole pass. Each message
+        moves atomically (see ``lua/replay_move.lua``); run it again after an
+        interruption.
+        """
+        if rate is not None and not rate > 0:
+            raise ValueError(f"rate must be > 0 messages/s, got {rate!r}")
+        if to == self.name:  # each moved message would come round again: it would never end
+            raise ValueError(f"cannot replay {self.name} into itself")
+        out, started = Outcome(dry_run=dry_run), self.monotonic()
+        pages = self._pages(batch)
+        for letters in self._selected(pages, where, limit):
+            out.matched += len(letters)
+            for chunk in ([[letter] for letter in letters] if rate else [letters]):
+                if rate:
+                    self.sleep(max(0.0, started + (out.done + out.missing) / rate - self.monotonic()))
+                pages.removed += self._move(chunk, to, out)
+                if progress:
+                    progress(len(chunk))
+        return out
+
+    def _move(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> int:
+        """Move ``letters``; returns how many left the list (moved here, or gone already)."""
+        now, plans = self.op.clock(), []
+        for letter in letters:
+            target = letter.target(to) if letter.message else None
+            if target is None:
+                why = "not a kombu message" if not letter.message else "no x-dlq-original-queue header; use to="
+                out.failed.append(f"{letter.task_id or '<unknown id>'}: {why}")
+                continue
+            queue, exchange, routing_key = target
+            plans.append((letter, queue, self.op.lists.key(queue, letter.properties.get("priority")),
+                          json.dumps(letter.replayed(exchange, routing_key, now))))
+        if out.dry_run or not plans:
+            out.targets.update(queue for _, queue, _, _ in plans)
+            return 0
+        self.op.forget([plan[0] for plan in plans])
+        pipe = self.op.broker.pipeline(transaction=False)
+        script = self.op.scripts.get("replay_move")
+        for letter, _, target_key, payload in plans:
+            script(keys=[letter.key, target_key], args=[letter.raw, payload], client=pipe)
+        moved = pipe.execute()
+        for (_, queue, _, _), ok in zip(plans, moved):
+            out.targets[queue] += 1 if ok else 0
+        out.done += sum(moved)
+        out.missing += len(plans) - sum(moved)
+        self.op.count(STAT_REPLAYED, sum(moved))
+        events.replayed(self.op, [plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
+        return len(plans)
+
+    def purge(self, where: Selector | None = None, *, force: bool = False, limit: int | None = None,
+              progress: Callable[[int], None] | None = None, batch: int = PAGE) -> Outcome:
+        """Delete matching dead letters for good, in one pass; without ``force=True`` nothing is deleted."""
+        if not force:
+            raise ForceRequired(f"purging {self.name} deletes dead letters for good: pass force=True")
+        if where is None and limit is None and not events.log_of(self.op).enabled:
+            # Nothing to archive: delete the lists whole. With the archive on,
+            # each letter is read and removed (below) so its `purged` event is
+            # written and a letter arriving meanwhile is never deleted unseen.
+            out = self._delete_lists()
+        else:
+            out = self._remove(where, limit, progress, batch)
+        self.op.count(STAT_PURGED, out.done)
+        return out
+
+    def _delete_lists(self) -> Outcome:
+        """Every list of the DLQ deleted in one transaction, counted as it goes."""
+        out, keys = Outcome(), self.op.lists.keys(self.name)
+        pipe = self.op.broker.pipeline(transaction=True)
+        for key in keys:
+            pipe.llen(key)
+        pipe.delete(*keys)
+        out.matched = out.done = sum(pipe.execute()[:-1])
+        return out
+
+    def _remove(self, where: Selector | None, limit: int | None, progress: Callable[[int], None] | None,
+                batch: int) -> Outcome:
+        """Each selected dead letter removed by its exact value (LREM) and archived as ``purged``."""
+        out, pages = Outcome(), self._pages(batch)
+        for letters in self._selected(pages, where, limit):
+            pipe = self.op.broker.pipeline(transaction=False)
+            for letter in letters:
+                pipe.lrem(letter.key, -1, letter.raw)
+            results = pipe.execute()
+            removed = sum(results)
+            events.purged(self.op, [letter for letter, n in zip(letters, results) if n], dlq=self.name)
+            out.matched += len(letters)
+            out.done += removed
+            out.missing += len(letters) - removed
+            pages.removed += len(letters)
+            if progress:
+                progress(len(letters))
+        return out

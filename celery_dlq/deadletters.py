@@ -1,0 +1,243 @@
+"""What a dead letter is, as an operator reads it, and how operators select them.
+
+:class:`DeadLetter` is one message exactly as kombu stored it in a DLQ, with
+the ``x-dlq-*`` history read from its headers and its arguments decoded only
+when ``accept_content`` allows (listing a DLQ must never unpickle). A
+selection is anything with ``matches(letter)``: :class:`Filter` (fields such
+as task name, reason, time) or :class:`TaskIds` (a set of task ids, served in
+one pass). :mod:`celery_dlq.deadletter_queue` reads, replays and purges what
+they select; nothing here talks to Redis.
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
+
+from kombu.serialization import loads
+from kombu.utils import json
+from kombu.utils.uuid import uuid
+
+from celery_dlq import headers as H
+from celery_dlq.matching import Pattern
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead letter exactly as stored; ``message`` is kombu's JSON, {} if it is not JSON."""
+
+    queue: str
+    key: str
+    raw: bytes
+    message: dict
+    accept: frozenset = frozenset()
+
+    @classmethod
+    def parse(cls, queue: str, key: str, raw: bytes, accept: frozenset) -> DeadLetter:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            message = None
+        return cls(queue, key, raw, message if isinstance(message, dict) else {}, accept)
+
+    @property
+    def headers(self) -> dict:
+        return self.message.get("headers") or {}
+
+    @property
+    def properties(self) -> dict:
+        return self.message.get("properties") or {}
+
+    @property
+    def task_id(self) -> str | None:
+        return self.headers.get("id") or self.properties.get("correlation_id")
+
+    @property
+    def task_name(self) -> str | None:
+        return self.headers.get("task")
+
+    def header(self, name: str) -> Any:
+        return self.headers.get(name)
+
+    @property
+    def delivery_count(self) -> int | None:
+        return H.delivery_count_of(self.headers) if H.DELIVERY_COUNT in self.headers else None
+
+    @property
+    def replay_count(self) -> int:
+        value = self.headers.get(H.REPLAY_COUNT)
+        return value if isinstance(value, int) and value > 0 else 0
+
+    @property
+    def dead_lettered_at(self) -> float | None:
+        value = self.headers.get(H.DEAD_LETTERED_AT)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def body(self) -> bytes:
+        body = self.message.get("body") or ""
+        body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        if self.properties.get("body_encoding") == "base64":
+            try:
+                return base64.b64decode(body, validate=True)
+            except ValueError:
+                pass  # not what it claims: show it as stored
+        return body
+
+    @property
+    def content_type(self) -> str:
+        return self.message.get("content-type") or "application/data"
+
+    def arguments(self) -> tuple[list, dict] | None:
+        """``(args, kwargs)``, only when ``accept_content`` allows the content type, else None.
+
+        A content type outside ``accept`` (pickle, by default) is never handed
+        to a deserializer: listing a DLQ must not run code an attacker queued.
+        """
+        if self.content_type not in self.accept:
+            return None
+        try:
+            body = loads(self.body, self.content_type, self.message.get("content-encoding"), accept=self.accept)
+            if isinstance(body, (list, tuple)) and len(body) >= 2:   # protocol 2: [args, kwargs, embed]
+                return list(body[0] or ()), dict(body[1] or {})
+            if isinstance(body, dict) and "args" in body:            # protocol 1
+                return list(body.get("args") or ()), dict(body.get("kwargs") or {})
+        except Exception:  # undecodable or not a task body: shown raw
+            pass
+        return None
+
+    def as_dict(self) -> dict:
+        arguments = self.arguments()
+        return {
+            "task_id": self.task_id, "task_name": self.task_name, "dead_letter_queue": self.queue,
+            "original_queue": self.header(H.ORIGINAL_QUEUE), "reason": self.header(H.REASON),
+            "delivery_count": self.delivery_count, "exception_type": self.header(H.EXCEPTION_TYPE),
+            "exception_message": self.header(H.EXCEPTION_MESSAGE), "dead_lettered_at": self.dead_lettered_at,
+            "worker": self.header(H.WORKER), "replay_count": self.replay_count,
+            "priority": self.properties.get("priority"), "content_type": self.content_type, "size": len(self.raw),
+            "decoded": arguments is not None, "args": arguments[0] if arguments else None,
+            "kwargs": arguments[1] if arguments else None,
+            "body": None if arguments else base64.b64encode(self.body).decode("ascii"),
+            "headers": H.dlq_headers(self.headers),
+        }
+
+    def target(self, to: str | None) -> tuple[str, str, str] | None:
+        """``(queue, exchange, routing_key)`` a replay delivers to; None when unknown."""
+        if to:
+            return to, "", to
+        queue = self.header(H.ORIGINAL_QUEUE)
+        if not queue:
+            return None
+        return queue, self.header(H.ORIGINAL_EXCHANGE) or "", self.header(H.ORIGINAL_ROUTING_KEY) or queue
+
+    def replayed(self, exchange: str, routing_key: str, now: float) -> dict:
+        """The message to deliver: delivery count reset, ``x-dlq-*`` history kept, replay noted."""
+        headers = dict(self.headers)
+        headers.pop(H.DELIVERY_COUNT, None)
+        if "task" in headers:  # Celery protocol 2: task.request.retries starts over too
+            headers["retries"] = 0
+        headers[H.REPLAYED_AT] = now
+        headers[H.REPLAY_COUNT] = self.replay_count + 1
+        properties = dict(self.properties, delivery_tag=uuid(),
+                          delivery_info={"exchange": exchange, "routing_key": routing_key})
+        return dict(self.message, headers=headers, properties=properties)
+
+
+class Selector(Protocol):
+    """What a DLQ operation asks of a selection: :class:`Filter`, :class:`TaskIds`, or your own.
+
+    ``matches`` is asked of each dead letter once per pass, oldest first, and
+    only until the operation's ``limit`` is reached, so a selector may keep
+    state (as :class:`TaskIds` does) without miscounting.
+    """
+
+    def matches(self, letter: DeadLetter) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which dead letters an operation selects; unset fields select everything.
+
+    ``task_name`` is a wildcard pattern (``proj.*``, ``orders.#``);
+    ``exception_type`` matches the full name or its last part (``ValueError``);
+    ``since``/``until`` bound ``x-dlq-dead-lettered-at`` (unix seconds);
+    ``text`` is a case-insensitive substring of the exception message.
+    """
+
+    task_id: str | None = None
+    task_name: str | None = None
+    reason: str | None = None
+    exception_type: str | None = None
+    original_queue: str | None = None
+    since: float | None = None
+    until: float | None = None
+    text: str | None = None
+    _pattern: Pattern | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.task_name is not None:  # a bad pattern fails now, not per message
+            object.__setattr__(self, "_pattern", Pattern.parse(self.task_name, "task name filter"))
+
+    def matches(self, letter: DeadLetter) -> bool:
+        at = letter.dead_lettered_at
+        exc_type = letter.header(H.EXCEPTION_TYPE) or ""
+        return all((
+            self.task_id is None or letter.task_id == self.task_id,
+            self._pattern is None or self._pattern.matches(letter.task_name or ""),
+            self.reason is None or letter.header(H.REASON) == self.reason,
+            self.exception_type is None or exc_type == self.exception_type
+            or exc_type.endswith("." + self.exception_type),
+            self.original_queue is None or letter.header(H.ORIGINAL_QUEUE) == self.original_queue,
+            self.since is None or (at is not None and at >= self.since),
+            self.until is None or (at is not None and at < self.until),
+            self.text is None or self.text.lower() in str(letter.header(H.EXCEPTION_MESSAGE) or "").lower(),
+        ))
+
+
+class TaskIds:
+    """Selects dead letters by task id, a whole set of ids in one pass over a DLQ.
+
+    One ``Filter(task_id=...)`` per id would read the DLQ once per id, and a
+    replay's ``rate`` would pace nothing (each call moving one message); this
+    selects them all while the DLQ is read once, oldest first.
+
+    By default it selects the oldest dead letter of each id, once: what a
+    replay by id moves, since two copies of one task would run it twice.
+    With ``every=True`` it selects every dead letter of each id: what a purge
+    by id deletes. ``where``, when given, must match too (a dead letter of a
+    listed id that ``where`` rejects does not use up its id).
+
+    A ``TaskIds`` remembers what it selected, so it serves one pass: take
+    :meth:`fresh` for another. After the pass, :attr:`missing` lists the ids
+    it never selected, in the order given.
+    """
+
+    def __init__(self, ids: Iterable[str], where: Filter | None = None, *, every: bool = False) -> None:
+        self.ids = tuple(dict.fromkeys(ids))  # in order, each once
+        self.where, self.every = where, every
+        self._all = frozenset(self.ids)
+        self._left = dict.fromkeys(self.ids)
+
+    def __repr__(self) -> str:
+        return f"TaskIds({list(self.ids)!r}, where={self.where!r}, every={self.every!r})"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def missing(self) -> list[str]:
+        """Ids not selected (yet): after a pass, those that were not there or not matched by ``where``."""
+        return list(self._left)
+
+    def fresh(self) -> TaskIds:
+        """The same selection with nothing selected yet, for another pass."""
+        return TaskIds(self.ids, self.where, every=self.every)
+
+    def matches(self, letter: DeadLetter) -> bool:
+        task_id = letter.task_id
+        if task_id not in (self._all if self.every else self._left):
+            return False
+        if self.where is not None and not self.where.matches(letter):
+            return False
+        self._left.pop(task_id, None)
+        return True

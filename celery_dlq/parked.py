@@ -1,0 +1,75 @@
+"""Parked retries as an operator sees them: list, redeliver now, delete.
+
+The delayed store (:mod:`celery_dlq.store`) holds each retry as an entry
+(``<task id>:<next delivery>``) with its message; here an entry is shown
+with what an operator asks first (which task, when due, what failed last)
+and addressed by entry id or by task id, as Sidekiq's ``RetrySet`` is. It
+lives in ``dlq_redis_url``, so it works whatever the broker is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from celery_dlq import headers as H
+from celery_dlq.deadletter_queue import ForceRequired
+from celery_dlq.envelope import Envelope
+from celery_dlq.store import DelayedStore
+
+
+@dataclass(frozen=True)
+class ParkedRetry:
+    """A retry waiting in the delayed store; ``delivery_count`` is the delivery it will be."""
+
+    entry_id: str
+    queue: str
+    due: float | None
+    lease_until: float | None
+    task_id: str | None
+    task_name: str | None
+    delivery_count: int | None
+    last_exception: str | None
+
+    @classmethod
+    def from_entry(cls, entry: Any) -> ParkedRetry:
+        try:
+            envelope = Envelope.loads(entry.payload)
+        except (ValueError, KeyError, TypeError):
+            return cls(entry.entry_id, entry.queue, entry.due, entry.lease_until, None, None, None, None)
+        return cls(entry.entry_id, entry.queue, entry.due, entry.lease_until, envelope.task_id,
+                   envelope.task_name, H.delivery_count_of(envelope.headers),
+                   envelope.headers.get(H.LAST_EXCEPTION))
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class ParkedRetries:
+    """The delayed store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
+
+    def __init__(self, store: DelayedStore) -> None:
+        self.store = store
+
+    def entries(self, queue: str | None = None, limit: int | None = None) -> Iterator[ParkedRetry]:
+        for n, entry in enumerate(self.store.entries(queue)):
+            if limit is not None and n >= limit:
+                return
+            yield ParkedRetry.from_entry(entry)
+
+    def find(self, ident: str) -> list[str]:
+        """Entry ids for an entry id, or for every entry of a task id."""
+        if self.store.get(ident) is not None:
+            return [ident]
+        return [retry.entry_id for retry in self.entries() if retry.task_id == ident]
+
+    def redeliver_now(self, ident: str | None = None) -> int:
+        """Make one entry (or a task's entries), or every parked entry, due now."""
+        if ident is None:
+            return self.store.redeliver_now()
+        return sum(self.store.redeliver_now(entry_id) for entry_id in self.find(ident))
+
+    def delete(self, ident: str, *, force: bool = False) -> int:
+        """Delete a parked retry (or a task's) for good: its message is gone, so ``force=True`` is required."""
+        if not force:
+            raise ForceRequired(f"deleting parked retry {ident!r} loses the message: pass force=True")
+        return sum(self.store.remove(entry_id) for entry_id in self.find(ident))
