@@ -56,6 +56,11 @@ class RedeliveryRequest(Request):
             return None
         if isinstance(exc, Redeliver):
             return self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok)
+        if isinstance(exc, WorkerLostError) and self._dlq_succeeded():
+            # The child stored SUCCESS, then died (task_postrun, OOM killer):
+            # Celery acknowledges; running it again would duplicate its effects.
+            self._dlq_handled = True
+            return super().on_failure(exc_info, send_failed_event, return_ok)
         if isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or self._dlq_process_exit(exc):
             reason = Reason.TIME_LIMIT if isinstance(exc, TimeLimitExceeded) else Reason.WORKER_LOST
             return self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)
@@ -65,15 +70,25 @@ class RedeliveryRequest(Request):
         return self._dlq_final(exc, exc_info, send_failed_event, return_ok)
 
     def on_timeout(self, soft, timeout):
-        if soft or self._dlq_handled:
+        """A hard time limit: billiard reports it here and to ``on_failure``, in either order.
+
+        Whichever comes first takes the message over; the second does
+        nothing, so the result is recorded, error callbacks fire and the
+        message is acknowledged once (and never when our write failed).
+        """
+        if soft:
             return super().on_timeout(soft, timeout)
+        if self._dlq_handled:
+            return None
+        self._dlq_handled = True
         exc = TimeLimitExceeded(timeout)
         failure = {"type": "billiard.exceptions.TimeLimitExceeded",
                    "message": f"hard time limit ({timeout}s) exceeded", "traceback": ""}
-        if self._dlq_takeover(failure, Reason.TIME_LIMIT, lost=True) == "parked":
-            self._dlq_handled = True
+        outcome = self._dlq_takeover(failure, Reason.TIME_LIMIT, lost=True)
+        if outcome is None:
+            return None  # left unacknowledged: the broker delivers it again
+        if outcome == "parked":
             return self._dlq_finish_parked(exc, None)
-        self._dlq_handled = True
         return super().on_timeout(soft, timeout)
 
     def acknowledge(self):
@@ -152,6 +167,14 @@ class RedeliveryRequest(Request):
         logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
                          "unacknowledged so the broker delivers it again", what, self.name, self.id, url)
         task_ready(self)
+
+    def _dlq_succeeded(self) -> bool:
+        """Whether the backend already holds SUCCESS for this task (Celery >= 5.5 can tell)."""
+        check = getattr(self, "_success_was_stored", None)
+        try:
+            return bool(check()) if check is not None else False
+        except Exception:  # a backend outage: treat as not stored, the safe side for a lost worker
+            return False
 
     def _dlq_process_exit(self, exc) -> bool:
         return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (

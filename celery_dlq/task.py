@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlq import headers as H
 from celery_dlq.envelope import queue_of
@@ -65,8 +65,8 @@ class RedeliveryTask(Task):
             return super().__call__(*args, **kwargs)
         try:
             return self.run(*args, **kwargs)
-        except Retry:
-            raise
+        except (Retry, Ignore, Reject):
+            raise  # the task's own say (retry, replace(), reject): never a failed delivery
         except Exception as exc:
             delay = self._redelivery_delay(exc)
             if delay is None:

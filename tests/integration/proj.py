@@ -13,7 +13,7 @@ import signal
 import time
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 import celery_dlq
 from celery_dlq import RedeliveryTask, delivery_count
@@ -144,3 +144,26 @@ def fixed_by_flag(self, order_id=0):
     if client().exists(f"{PREFIX}:broken"):
         raise RuntimeError(f"bug not fixed yet (order {order_id})")
     return count
+
+
+@signals.task_failure.connect
+def _record_failure(sender=None, task_id=None, exception=None, **kwargs):
+    """Every task_failure signal (sent wherever Celery records FAILURE): fired once per task, at the end."""
+    client().rpush(f"{PREFIX}:failures", json.dumps({"task": getattr(sender, "name", None), "id": task_id,
+                                                      "exception": type(exception).__name__, "pid": os.getpid()}))
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.replaced")
+def replaced(self, n=0):
+    """Replaces itself with proj.noop: Celery's replace() raises Ignore, which is no failure."""
+    record(self)
+    raise self.replace(noop.s(n))
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.rejects")
+def rejects(self):
+    """Rejects its own message without requeue: the task's own say, never a redelivery."""
+    from celery.exceptions import Reject
+
+    record(self)
+    raise Reject("not for us", requeue=False)

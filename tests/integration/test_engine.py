@@ -1,6 +1,9 @@
 """The redelivery engine end to end: real redis-server, real prefork workers."""
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from celery_dlq import headers as H
@@ -160,6 +163,23 @@ def test_hard_time_limit_is_a_failed_delivery_then_dead_lettered_time_limit(harn
     assert len(harness.dead_letters()) == 1, "reported twice by the pool, dead-lettered once"
     assert worker.proc.poll() is None
     harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="message acknowledged")
+    failures = [json.loads(r) for r in harness.redis.lrange(f"{harness.prefix}:failures", 0, -1)]
+    assert [f["id"] for f in failures] == [result.id], "FAILURE recorded once, at the end, not per timeout"
+
+
+def test_replace_and_reject_are_the_tasks_own_say_not_failed_deliveries(harness):
+    harness.worker(concurrency=1)
+    replaced = harness.send("proj.replaced", args=(7,))
+    rejected = harness.send("proj.rejects")
+    harness.wait_until(lambda: [d["args"] for d in harness.deliveries() if d["task"] == "proj.noop"] == [[7]],
+                       message="the replacement ran")
+    harness.wait_until(lambda: harness.deliveries(rejected.id), message="rejects ran")
+    time.sleep(1.0)  # a redelivery (the bug) would come within the default delay of 0 s
+    # replace() keeps the task id for the replacement: one run of each, not a redelivered original.
+    assert [d["task"] for d in harness.deliveries(replaced.id)] == ["proj.replaced", "proj.noop"]
+    assert len(harness.deliveries(rejected.id)) == 1
+    assert harness.dead_letters() == []
+    assert harness.redis.zcard(f"{{{harness.prefix}}}:delayed") == 0
 
 
 def test_soft_time_limit_is_redelivered_then_dead_lettered_time_limit(harness):
