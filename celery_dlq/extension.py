@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Mapping
 
 import redis
@@ -26,6 +27,9 @@ from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.store import DelayedStore
 
 logger = logging.getLogger(__name__)
+
+#: ``Envelope.extra`` key: the delivery tag of the consumed message a parked copy came from.
+SOURCE_TAG = "source_delivery_tag"
 
 ATTR = "_celery_dlq"
 
@@ -147,15 +151,35 @@ class DLQ:
         copy = envelope.with_headers(H.redelivery_headers(
             envelope.headers, delivery=nxt, queue=envelope.queue, exchange=envelope.exchange,
             routing_key=envelope.routing_key, failure=failure, now=now))
-        entry_id = f"{envelope.task_id or 'unknown'}:{nxt}"
+        if envelope.delivery_tag:  # which consumed instance this copy came from (see _park_once)
+            copy = replace(copy, extra={**copy.extra, SOURCE_TAG: envelope.delivery_tag})
         event, max_length = events.parked_fields(self, copy, failure=failure, delivery=delivery, due=due, now=now)
-        if not self.store.park(entry_id, copy.dumps(), envelope.queue, due, event, max_length):
-            # Parked already by an earlier delivery of this same message whose
-            # worker died before acknowledging: no second event or signal.
+        if not self._park_once(copy, envelope, nxt, due, event, max_length):
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
         return due
+
+    def _park_once(self, copy: Envelope, envelope: Envelope, nxt: int, due: float,
+                   event: Any, max_length: int) -> bool:
+        """Park ``copy`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
+
+        The entry id makes a park idempotent when the same message instance
+        is delivered again after its worker died mid-park (kombu keeps its
+        delivery tag). Two *different* messages that share a task id (ids
+        chosen by the application) must both be parked: the second gets the
+        delivery tag in its entry id instead of being mistaken for a repeat.
+        """
+        task_id = envelope.task_id or "unknown"
+        payload = copy.dumps()
+        entry_id = f"{task_id}:{nxt}"
+        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length):
+            return True
+        existing = self.store.get(entry_id)
+        tag = envelope.delivery_tag
+        if existing is None or not tag or Envelope.loads(existing.payload).extra.get(SOURCE_TAG) == tag:
+            return False  # parked already by an earlier delivery of this same message
+        return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length)
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         return self.deadletterer.dead_letter(envelope, **kwargs)

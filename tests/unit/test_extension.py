@@ -111,3 +111,17 @@ def test_acknowledged_messages_counters_are_deleted_in_batches(dlq, unique):
     assert dlq.flush_spent_counters() == 0
     left = sorted(k.decode() for k in dlq.client.keys(f"*{{ext{unique}}}:count:*"))
     assert left == [dlq.keys.delivery_count(f"id-{unique}:tag-3")]
+
+
+def test_two_messages_sharing_a_task_id_are_both_parked_a_repeat_is_not(dlq, unique):
+    from dataclasses import replace
+
+    first = replace(envelope(unique), delivery_tag="tag-a")
+    other = replace(envelope(unique), delivery_tag="tag-b")   # the application reused the task id
+    dlq.park(first, delivery=1, failure=FAILURE, delay=5)
+    dlq.park(first, delivery=1, failure=FAILURE, delay=5)     # the same message, delivered again
+    dlq.park(other, delivery=1, failure=FAILURE, delay=5)
+    entries = sorted(entry.entry_id for entry in dlq.store.entries())
+    assert entries == [f"id-{unique}:2", f"id-{unique}:2:tag-b"]
+    assert dlq.client.hget(dlq.keys.stats, "parked") == b"2"
+    assert all(Envelope.loads(e.payload).headers[H.DELIVERY_COUNT] == 2 for e in dlq.store.entries())
