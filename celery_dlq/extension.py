@@ -127,6 +127,12 @@ class DLQ:
         self._ensure()
         self._spent.append(self._counter_key(task_id, tag))
 
+    def uncount_deliveries(self, messages: list[tuple[str, Any]]) -> int:
+        """Take back one counted delivery of each ``(task id, delivery tag)``: they never started."""
+        self._ensure()
+        keys = [self._counter_key(task_id, tag) for task_id, tag in messages]
+        return int(self.scripts.run("uncount", keys, [])) if keys else 0
+
     def flush_spent_counters(self, batch: int = 1000) -> int:
         """Delete the counters of acknowledged messages, ``batch`` keys per round trip."""
         self._ensure()

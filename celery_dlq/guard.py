@@ -33,7 +33,28 @@ class Guard(bootsteps.StartStopStep):
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
         c.on_unknown_message = self._wrap(c, c.on_unknown_message, Reason.INVALID_MESSAGE, body_first=True)
         c.on_decode_error = self._wrap(c, c.on_decode_error, Reason.INVALID_MESSAGE, body_first=False)
+        c.blueprint.on_close = self._uncount_first(c, c.blueprint.on_close)
         super().__init__(c, **kwargs)
+
+    @staticmethod
+    def _uncount_first(c: Any, original: Callable | None) -> Callable:
+        """Wrap the consumer's ``on_close``, which forgets the reserved requests that never started.
+
+        It runs when the consumer closes (warm shutdown, lost connection),
+        before any step's ``stop``: the last moment the unstarted requests are
+        known. Their messages go back to the broker, so their counts go back too.
+        """
+        from celery_dlq.counting import uncount_unstarted
+
+        def on_close() -> Any:
+            try:
+                uncount_unstarted(c.app)
+            except Exception:
+                logger.exception("celery-dlq: could not take back the delivery counts of unstarted messages")
+            return original() if original is not None else None
+
+        return on_close
+
 
     def _wrap(self, c: Any, original: Callable, reason: str, *, body_first: bool) -> Callable:
         def dead_letter_first(*args: Any) -> Any:

@@ -31,6 +31,7 @@ SCRIPT_NAMES = (
     "count",
     "next_due",
     "count_delivery",
+    "uncount",
     "replay_move",
 )
 

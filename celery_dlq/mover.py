@@ -147,5 +147,9 @@ class Mover(bootsteps.StartStopStep):
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
+        try:  # what was acknowledged since the last tick (tasks finishing later expire with their TTL)
+            self.dlq.flush_spent_counters()
+        except Exception:
+            logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
 
     shutdown = stop

@@ -17,7 +17,6 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from celery.utils.serialization import UnpickleableExceptionWrapper
 from celery.worker.request import Request
 from celery.worker.state import task_ready
-from celery.worker.strategy import default as default_strategy
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
@@ -187,57 +186,3 @@ class RedeliveryRequest(Request):
         policy = get_dlq(self.app).policy(self.task, queue)
         delivery = H.delivery_count_of(self._request_dict)
         return envelope, policy, delivery
-
-
-def strategy(task, app, consumer, **kwargs):
-    """Celery's default strategy, with the delivery counted in Redis first.
-
-    Runs in the main process before the request is executed. With
-    ``persist_delivery_count_before_delivery`` the count survives the death
-    of any process; a message whose count is already past
-    ``max_delivery_attempts`` (its last delivery never reported back: the
-    worker died) is dead-lettered with reason ``worker_lost`` instead of run.
-    """
-    handler = default_strategy(task, app, consumer, **kwargs)
-    dlq = get_dlq(app)
-    hostname = consumer.hostname
-
-    def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
-        headers = message.headers
-        if isinstance(headers, dict) and headers.get("id"):
-            queue = queue_of(app, message.delivery_info)
-            policy = dlq.policy(task, queue)
-            if policy.persist_delivery_count_before_delivery:
-                if _count_or_dead_letter(dlq, message, headers, queue, policy, hostname):
-                    return None
-        return handler(message, body, ack, reject, callbacks, **kw)
-
-    return dlq_task_message_handler
-
-
-def _count_or_dead_letter(dlq, message, headers, queue, policy, hostname) -> bool:
-    """Persist this delivery; True when the message was dead-lettered instead of run."""
-    floor = H.delivery_count_of(headers)
-    try:
-        count = dlq.count_delivery(headers["id"], (message.properties or {}).get("delivery_tag"), floor)
-    except Exception:
-        logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
-                         headers.get("task"), headers.get("id"), floor)
-        count = floor
-    headers[H.DELIVERY_COUNT] = count
-    if policy.attempts_left(count - 1):
-        return False
-    failure = {"type": "billiard.exceptions.WorkerLostError",
-               "message": f"delivery {count - 1} never reported an outcome (the worker was lost)",
-               "traceback": ""}
-    envelope = Envelope.from_message(message, queue)
-    try:
-        dlq.dead_letter(envelope, delivery=count - 1, policy=policy, reason=Reason.WORKER_LOST,
-                        failure=failure, worker=hostname)
-    except Exception:
-        logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
-                         headers.get("task"), headers.get("id"))
-        return True
-    message.ack()
-    dlq.forget_delivery(headers["id"], (message.properties or {}).get("delivery_tag"))
-    return True

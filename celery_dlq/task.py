@@ -46,7 +46,7 @@ class RedeliveryTask(Task):
 
     abstract = True
     Request = "celery_dlq.request:RedeliveryRequest"
-    Strategy = "celery_dlq.request:strategy"
+    Strategy = "celery_dlq.counting:strategy"
     acks_late = True
     acks_on_failure = True   # only after the dead letter is stored (request.py)
     acks_on_timeout = True

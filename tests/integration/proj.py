@@ -167,3 +167,10 @@ def rejects(self):
 
     record(self)
     raise Reject("not for us", requeue=False)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.sleeps")
+def sleeps(self, seconds=1.0):
+    record(self)
+    time.sleep(seconds)
+    return seconds

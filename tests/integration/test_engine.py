@@ -190,3 +190,23 @@ def test_soft_time_limit_is_redelivered_then_dead_lettered_time_limit(harness):
     headers = harness.dead_letters()[0]["headers"]
     assert headers[H.REASON] == "time_limit"
     assert headers[H.EXCEPTION_TYPE].endswith("SoftTimeLimitExceeded")
+
+
+def test_messages_reserved_but_never_started_are_not_counted_by_a_warm_shutdown(harness):
+    """One delivery allowed: a restart must not dead-letter the prefetched messages that never ran."""
+    conf = json.dumps({"dlq_task_policies": {"proj.noop": {"max_delivery_attempts": 1}}})
+    first = harness.worker(concurrency=1, DLQ_TEST_CONF=conf)
+    busy = harness.send("proj.sleeps", args=(2.0,))
+    harness.wait_until(lambda: harness.deliveries(busy.id), message="the busy task started")
+    waiting = [harness.send("proj.noop", args=(i,)).id for i in range(3)]
+    harness.wait_until(lambda: harness.redis.llen(harness.queue) == 0, message="all three prefetched")
+    first.stop()  # SIGTERM: warm shutdown; the busy task finishes, the three never start
+    assert "3 reserved message(s) never started" in first.log()
+    for task_id in waiting:  # each was counted once on receipt, then taken back
+        assert harness.redis.keys(f"{{{harness.prefix}}}:count:{task_id}:*") == []
+    assert not any(harness.deliveries(t) for t in waiting)
+    harness.worker(concurrency=1, name="w2", DLQ_TEST_CONF=conf)
+    harness.wait_until(lambda: all(harness.deliveries(t) for t in waiting), timeout=60,
+                       message="the three run after the restart")
+    assert [d["delivery"] for t in waiting for d in harness.deliveries(t)] == [1, 1, 1]
+    assert harness.dead_letters() == []

@@ -30,3 +30,6 @@ def test_task_killing_the_whole_worker_is_dead_lettered_after_max_attempts(harne
     after = harness.send("proj.noop", args=(3,))
     harness.wait_until(lambda: harness.deliveries(after.id))
     assert survivor.proc.poll() is None
+    failures = [json.loads(r) for r in harness.redis.lrange(f"{harness.prefix}:failures", 0, -1)]
+    assert [(f["id"], f["exception"]) for f in failures] == [(poison.id, "WorkerLostError")], \
+        "FAILURE recorded (with its callbacks), not left PENDING"

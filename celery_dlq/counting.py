@@ -1,0 +1,150 @@
+"""Counting deliveries before they run: the task Strategy wrapper, and un-counting at shutdown.
+
+With ``persist_delivery_count_before_delivery`` each delivery is counted in
+Redis in the worker's main process before the request is handed on, so the
+count survives the death of any process (a poison task that SIGKILLs its
+worker still reaches its dead-letter queue). Two cases must not count:
+
+- a message with a future ETA: the worker holds it, and kombu's visibility
+  timeout restores it every ``visibility_timeout`` while it waits, which
+  would count it again each time; it is not run yet, so it is not counted;
+- a message the worker reserved but never started when it stops (warm
+  shutdown, lost connection): kombu gives it back and it is counted again on
+  its next receipt, so :func:`uncount_unstarted` takes that count back.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from datetime import datetime, timezone
+from typing import Any
+
+from billiard.exceptions import WorkerLostError
+from celery import signals
+from celery.worker import state
+from celery.worker.strategy import default as default_strategy
+from kombu.utils.imports import symbol_by_name
+
+from celery_dlq import headers as H
+from celery_dlq.envelope import Envelope, queue_of
+from celery_dlq.extension import get_dlq, is_redelivery_task
+from celery_dlq.headers import Reason
+
+logger = logging.getLogger(__name__)
+
+#: Requests already un-counted: a consumer's stop and shutdown may both run.
+_uncounted: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def strategy(task, app, consumer, **kwargs):
+    """Celery's default strategy, with the delivery counted in Redis first.
+
+    A message whose count is already past ``max_delivery_attempts`` (its last
+    delivery never reported back: the worker died) is dead-lettered with
+    reason ``worker_lost`` instead of run.
+    """
+    handler = default_strategy(task, app, consumer, **kwargs)
+    dlq = get_dlq(app)
+    hostname = consumer.hostname
+
+    def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
+        headers = message.headers
+        if isinstance(headers, dict) and headers.get("id") and not _waits_for_eta(headers):
+            queue = queue_of(app, message.delivery_info)
+            policy = dlq.policy(task, queue)
+            if policy.persist_delivery_count_before_delivery:
+                if _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname):
+                    return None
+        return handler(message, body, ack, reject, callbacks, **kw)
+
+    return dlq_task_message_handler
+
+
+def _waits_for_eta(headers: dict) -> bool:
+    """Whether the message has an ETA still in the future (the worker will hold it, not run it)."""
+    eta = headers.get("eta")
+    if not eta:
+        return False
+    try:
+        when = datetime.fromisoformat(str(eta))
+    except ValueError:
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when > datetime.now(timezone.utc)
+
+
+def _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname) -> bool:
+    """Persist this delivery; True when the message was dead-lettered instead of run."""
+    floor = H.delivery_count_of(headers)
+    tag = (message.properties or {}).get("delivery_tag")
+    try:
+        count = dlq.count_delivery(headers["id"], tag, floor)
+    except Exception:
+        logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
+                         headers.get("task"), headers.get("id"), floor)
+        count = floor
+    headers[H.DELIVERY_COUNT] = count
+    if policy.attempts_left(count - 1):
+        return False
+    text = f"delivery {count - 1} never reported an outcome (the worker was lost)"
+    failure = {"type": "billiard.exceptions.WorkerLostError", "message": text, "traceback": ""}
+    try:
+        dlq.dead_letter(Envelope.from_message(message, queue), delivery=count - 1, policy=policy,
+                        reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
+    except Exception:
+        logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
+                         headers.get("task"), headers.get("id"))
+        return True
+    _mark_failed(task, message, hostname, WorkerLostError(text))
+    message.ack()
+    dlq.forget_delivery(headers["id"], tag)
+    return True
+
+
+def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> None:
+    """Record FAILURE, with error callbacks and chords, as Celery does for a lost worker.
+
+    Without it a message dead-lettered here, never run, stays PENDING in the
+    result backend: ``result.get()`` and chords would wait forever. The dead
+    letter is stored already, so a backend error is logged, not raised.
+    """
+    try:
+        request_cls = symbol_by_name(task.Request)  # Celery allows a class or its dotted name
+        request = request_cls(message, app=task.app, hostname=hostname, task=task)
+        task.backend.mark_as_failure(request.id, exc, request=request._context,
+                                     store_result=request.store_errors)
+        signals.task_failure.send(sender=task, task_id=request.id, exception=exc, args=request.args,
+                                  kwargs=request.kwargs, traceback=None, einfo=None)
+    except Exception:
+        logger.exception("celery-dlq: dead-lettered %s[%s] but could not record its FAILURE",
+                         task.name, (message.headers or {}).get("id"))
+
+
+def uncount_unstarted(app: Any) -> int:
+    """Take back the count of every reserved request that never started; returns how many.
+
+    Called when the consumer stops: kombu restores these messages, and their
+    next receipt counts them again. Left alone, those counts would let a few restarts
+    dead-letter messages that never ran.
+    """
+    dlq = get_dlq(app)
+    unstarted = [req for req in list(state.reserved_requests)
+                 if req not in state.active_requests and req not in _uncounted
+                 and getattr(req, "_message", None) is not None
+                 and is_redelivery_task(getattr(req, "task", None))]
+    keys = []
+    for req in unstarted:
+        try:
+            queue = queue_of(app, req._message.delivery_info)
+            if dlq.policy(req.task, queue).persist_delivery_count_before_delivery \
+                    and not _waits_for_eta(req._message.headers or {}):
+                keys.append((req.id, (req._message.properties or {}).get("delivery_tag")))
+                _uncounted.add(req)
+        except Exception:
+            logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
+    if keys:
+        dlq.uncount_deliveries(keys)
+        logger.info("celery-dlq: %d reserved message(s) never started; their delivery counts were "
+                    "taken back", len(keys))
+    return len(keys)
