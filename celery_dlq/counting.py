@@ -45,6 +45,7 @@ def strategy(task, app, consumer, **kwargs):
     """
     handler = default_strategy(task, app, consumer, **kwargs)
     dlq = get_dlq(app)
+    dlq.timer = getattr(consumer, "timer", None)
     hostname = consumer.hostname
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):

@@ -42,6 +42,8 @@ class DLQ:
         self._settings: DLQSettings | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
+        #: The worker consumer's timer (set by the task strategy); retries failed writes.
+        self.timer: Any = None
 
     # -- configuration ------------------------------------------------------
 

@@ -10,7 +10,7 @@ our own write failed.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
@@ -26,6 +26,9 @@ from celery_dlq.headers import Reason
 from celery_dlq.task import Redeliver
 
 logger = logging.getLogger(__name__)
+
+#: When our own write (park, dead letter) fails: seconds before the first retry, and the most between two.
+WRITE_RETRY_FIRST, WRITE_RETRY_MAX = 1.0, 60.0
 
 _PASS_THROUGH = (Ignore, Reject, MemoryError)
 
@@ -46,6 +49,7 @@ class RedeliveryRequest(Request):
     """Parks or dead-letters the original message before acknowledging it."""
 
     _dlq_handled = False
+    _dlq_write_attempts = 0
 
     # -- entry points from the pool ------------------------------------------
 
@@ -83,9 +87,13 @@ class RedeliveryRequest(Request):
         exc = TimeLimitExceeded(timeout)
         failure = {"type": "billiard.exceptions.TimeLimitExceeded",
                    "message": f"hard time limit ({timeout}s) exceeded", "traceback": ""}
-        outcome = self._dlq_takeover(failure, Reason.TIME_LIMIT, lost=True)
+        return self._dlq_timed_out(exc, failure, soft, timeout)
+
+    def _dlq_timed_out(self, exc, failure, soft, timeout):
+        outcome = self._dlq_takeover(failure, Reason.TIME_LIMIT, lost=True,
+                                     retry=lambda: self._dlq_timed_out(exc, failure, soft, timeout))
         if outcome is None:
-            return None  # left unacknowledged: the broker delivers it again
+            return None  # left unacknowledged; the write is retried
         if outcome == "parked":
             return self._dlq_finish_parked(exc, None)
         return super().on_timeout(soft, timeout)
@@ -112,7 +120,8 @@ class RedeliveryRequest(Request):
         try:
             get_dlq(self.app).park(envelope, delivery=delivery, failure=exc.failure, delay=exc.when or 0.0)
         except Exception:
-            return self._dlq_write_failed("park")
+            return self._dlq_write_failed(
+                "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_final(self, exc, exc_info, send_failed_event, return_ok):
@@ -123,12 +132,14 @@ class RedeliveryRequest(Request):
             reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise
         else:
             reason = Reason.MAX_DELIVERY_ATTEMPTS
-        if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False) is None:
+        retry = lambda: self._dlq_final(exc, exc_info, send_failed_event, return_ok)  # noqa: E731
+        if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False, retry=retry) is None:
             return None
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
-        outcome = self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=True)
+        retry = lambda: self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)  # noqa: E731
+        outcome = self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=True, retry=retry)
         self._dlq_handled = True
         if outcome is None:
             return None
@@ -136,8 +147,8 @@ class RedeliveryRequest(Request):
             return self._dlq_finish_parked(exc, exc_info.traceback)
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
-    def _dlq_takeover(self, failure, reason, *, lost: bool) -> str | None:
-        """Park (a lost worker with deliveries left) or dead-letter; None if the write failed."""
+    def _dlq_takeover(self, failure, reason, *, lost: bool, retry: Callable[[], Any]) -> str | None:
+        """Park (a lost worker with deliveries left) or dead-letter; None if the write failed (``retry`` later)."""
         envelope, policy, delivery = self._dlq_context()
         dlq = get_dlq(self.app)
         try:
@@ -148,7 +159,7 @@ class RedeliveryRequest(Request):
                             failure=failure, worker=self.hostname)
             return "dead_lettered"
         except Exception:
-            self._dlq_write_failed("dead-letter" if not lost else "park or dead-letter")
+            self._dlq_write_failed("dead-letter" if not lost else "park or dead-letter", retry)
             return None
 
     def _dlq_finish_parked(self, exc, traceback):
@@ -161,11 +172,33 @@ class RedeliveryRequest(Request):
         self.acknowledge()
         self.send_event("task-retried", exception=repr(exc), traceback=traceback or "")
 
-    def _dlq_write_failed(self, what: str) -> None:
-        url = maybe_sanitize_url(get_dlq(self.app).settings.redis_url)
+    def _dlq_write_failed(self, what: str, retry: Callable[[], Any]) -> None:
+        """Our write failed: leave the message unacknowledged and try the write again later.
+
+        The task is not run again: its outcome is known, only storing it
+        failed. Retrying from the worker's timer (1 s, doubling to 60 s) frees
+        the prefetch slot soon after Redis is back, instead of holding it until
+        kombu's visibility timeout (an hour by default) restores the message.
+        """
+        dlq = get_dlq(self.app)
+        attempt = self._dlq_write_attempts = self._dlq_write_attempts + 1
+        delay = min(WRITE_RETRY_MAX, WRITE_RETRY_FIRST * 2 ** (attempt - 1))
+        timer = dlq.timer
         logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
-                         "unacknowledged so the broker delivers it again", what, self.name, self.id, url)
+                         "unacknowledged, %s", what, self.name, self.id,
+                         maybe_sanitize_url(dlq.settings.redis_url),
+                         f"trying again in {delay:.0f}s" if timer is not None else "for the broker to deliver again")
         task_ready(self)
+        if timer is not None:
+            timer.call_after(delay, self._dlq_retry_write, (retry,))
+
+    def _dlq_retry_write(self, retry: Callable[[], Any]) -> None:
+        if self.acknowledged:  # settled meanwhile (e.g. the consumer restarted)
+            return
+        try:
+            retry()
+        except Exception:  # never into the consumer's event loop
+            logger.exception("celery-dlq: retrying the write of %s[%s] failed", self.name, self.id)
 
     def _dlq_succeeded(self) -> bool:
         """Whether the backend already holds SUCCESS for this task (Celery >= 5.5 can tell)."""

@@ -39,3 +39,25 @@ def test_store_outage_leaves_the_message_unacked_until_redis_is_back(harness):
         assert len(harness.dead_letters()) == 1
     finally:
         store.stop()
+
+
+def test_a_failed_write_is_retried_soon_after_redis_is_back_not_after_the_visibility_timeout(harness):
+    """Default visibility timeout (1 h): the worker itself retries the park, the task does not run again."""
+    store = RedisServer().start()
+    try:
+        harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_redis_url": store.url})
+        worker = harness.worker(concurrency=1)
+        store.stop()
+        result = harness.send("proj.flaky", args=(1,))  # fails once, then succeeds
+        harness.wait_until(lambda: harness.deliveries(result.id), message="first delivery")
+        worker.wait_for_log("trying again in 1s", timeout=20)
+        time.sleep(2.5)  # a couple of failed retries while Redis is down
+        assert harness.redis.hlen("unacked") == 1, "still unacknowledged while the store is down"
+        store = RedisServer(port=store.port).start()  # back, empty
+        harness.wait_until(lambda: len(harness.deliveries(result.id)) == 2, timeout=30,
+                           message="parked by a retried write, then redelivered")
+        assert [d["delivery"] for d in harness.deliveries(result.id)] == [1, 2], "the task body ran once per delivery"
+        harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, timeout=10)
+        assert harness.dead_letters() == []
+    finally:
+        store.stop()
