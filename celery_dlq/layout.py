@@ -18,7 +18,7 @@ import redis
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.errors import DLQError
-from celery_dlq.settings import REDIS_SCHEMES
+from celery_dlq.settings import REDIS_SCHEMES, client_url
 
 #: kombu's Redis transport: priority sub-lists are ``name + SEP + step``.
 SEP = "\x06\x16"
@@ -31,9 +31,7 @@ class BrokerNotSupported(DLQError):
 
 def connect(url: str) -> redis.Redis:
     """A bytes client that fails fast: an operator wants an error, not a hang."""
-    if url.startswith("redis+socket://"):
-        url = "unix://" + url[len("redis+socket://"):]
-    return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    return redis.Redis.from_url(client_url(url), socket_connect_timeout=5, socket_timeout=30)
 
 
 def broker_url(app: Any) -> str:
@@ -41,7 +39,7 @@ def broker_url(app: Any) -> str:
     url = app.conf.broker_write_url or app.conf.broker_url
     if isinstance(url, (list, tuple)):
         url = url[0] if url else None
-    url = url.split(";")[0].strip() if isinstance(url, str) else url
+    url = client_url(url) if isinstance(url, str) else url
     if not (isinstance(url, str) and url.startswith(REDIS_SCHEMES)):
         shown = maybe_sanitize_url(url) if isinstance(url, str) else "amqp:// (Celery's default)"
         raise BrokerNotSupported(f"dead letters can only be managed on a Redis broker; the broker is {shown}")

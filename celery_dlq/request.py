@@ -128,8 +128,8 @@ class RedeliveryRequest(Request):
         envelope, policy, delivery = self._dlq_context()
         if isinstance(exc, SoftTimeLimitExceeded):
             reason = Reason.TIME_LIMIT
-        elif policy.attempts_left(delivery):
-            reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise
+        elif policy.attempts_left(delivery) or (policy.dead_letter_on and isinstance(exc, policy.dead_letter_on)):
+            reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise; or never retried
         else:
             reason = Reason.MAX_DELIVERY_ATTEMPTS
         retry = lambda: self._dlq_final(exc, exc_info, send_failed_event, return_ok)  # noqa: E731

@@ -148,18 +148,31 @@ def _global_keyprefix(conf: Mapping[str, Any]) -> str:
     return options.get("global_keyprefix") or ""
 
 
+def client_url(url: str) -> str:
+    """One URL redis-py can open, from any Redis URL kombu accepts.
+
+    kombu takes a ``;``-separated failover list (the first is where it
+    connects) and ``redis+socket://`` for a Unix socket; redis-py takes one
+    URL and calls that scheme ``unix://``.
+    """
+    url = url.split(";")[0].strip()
+    if url.startswith("redis+socket://"):
+        url = "unix://" + url[len("redis+socket://"):].replace("virtual_host=", "db=")
+    return url
+
+
 def _redis_url(conf: Mapping[str, Any]) -> str:
     url = conf.get("dlq_redis_url")
     if url is not None:
-        if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
-            raise ConfigurationError(
-                f"dlq_redis_url must be a redis://, rediss:// or unix:// URL, got {maybe_sanitize_url(str(url))!r}")
-        return url
+        if not isinstance(url, str) or not client_url(url).startswith(REDIS_SCHEMES):
+            shown = maybe_sanitize_url(client_url(str(url)))
+            raise ConfigurationError(f"dlq_redis_url must be a redis://, rediss:// or unix:// URL, got {shown!r}")
+        return client_url(url)
     broker = conf.get("broker_url")
     if isinstance(broker, (list, tuple)):
         broker = broker[0] if broker else None
-    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
-        return broker
-    shown = maybe_sanitize_url(broker) if isinstance(broker, str) else broker
+    if isinstance(broker, str) and client_url(broker).startswith(REDIS_SCHEMES):
+        return client_url(broker)
+    shown = maybe_sanitize_url(client_url(broker)) if isinstance(broker, str) else broker
     raise ConfigurationError(
         f"dlq_redis_url is required when the broker is not Redis (broker_url is {shown!r})")

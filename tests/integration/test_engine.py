@@ -78,6 +78,13 @@ def test_non_retryable_exception_goes_straight_to_the_dlq(harness):
     assert headers[H.EXCEPTION_TYPE] == "KeyError"
 
 
+def test_a_dead_letter_on_exception_is_non_retryable_even_on_the_last_allowed_delivery(harness):
+    harness.worker(DLQ_TEST_CONF=json.dumps({"dlq_task_policies": {"proj.not_retryable": {"max_delivery_attempts": 1}}}))
+    harness.send("proj.not_retryable")
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1)
+    assert harness.dead_letters()[0]["headers"][H.REASON] == "non_retryable"
+
+
 def test_self_retry_goes_through_the_parked_path_and_counts_deliveries(harness):
     harness.worker()
     result = harness.send("proj.uses_retry")

@@ -23,6 +23,19 @@ def test_defaults_take_the_broker_url_and_sanitize_it():
     assert settings.global_keyprefix == ""
 
 
+@pytest.mark.parametrize("broker, expected", [
+    ("redis://:a@h1:6379/0;redis://:b@h2:6379/0", "redis://:a@h1:6379/0"),   # kombu's failover list
+    ("redis+socket:///run/redis.sock?virtual_host=2", "unix:///run/redis.sock?db=2"),
+])
+def test_broker_urls_kombu_accepts_become_one_url_redis_py_opens(broker, expected):
+    import redis
+
+    settings = DLQSettings.from_conf(make_app(broker_url=broker).conf)
+    assert settings.redis_url == expected
+    redis.Redis.from_url(settings.redis_url)   # redis-py accepts it (no connection is made)
+    assert ":a@" not in settings.safe_redis_url and ";" not in settings.safe_redis_url
+
+
 def test_global_keyprefix_is_honoured():
     app = make_app(broker_transport_options={"global_keyprefix": "tenant1:"})
     assert DLQSettings.from_conf(app.conf).global_keyprefix == "tenant1:"
