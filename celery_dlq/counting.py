@@ -1,16 +1,25 @@
 """Counting deliveries before they run: the task Strategy wrapper, and un-counting at shutdown.
 
-With ``persist_delivery_count_before_delivery`` each delivery is counted in
-Redis in the worker's main process before the request is handed on, so the
-count survives the death of any process (a poison task that SIGKILLs its
-worker still reaches its dead-letter queue). Two cases must not count:
+With ``persist_delivery_count_before_delivery`` a delivery's number is known
+in the worker's main process before the request is handed on, and survives
+the death of any process, so a poison task that kills its whole worker still
+reaches its dead-letter queue. It costs nothing on a first delivery:
 
-- a message with a future ETA: the worker holds it, and kombu's visibility
-  timeout restores it every ``visibility_timeout`` while it waits, which
-  would count it again each time; it is not run yet, so it is not counted;
+- a message kombu does not mark ``redelivered`` is delivered for the first
+  time as this instance, and its number is the one its header carries (1,
+  or the redelivery number the mover gave it): no Redis call;
+- a message kombu marks ``redelivered`` (restored after its worker died, or
+  by the visibility timeout) was delivered before: its counter in Redis is
+  incremented, and a missing counter means one earlier, unrecorded delivery.
+  Only these cost a round trip.
+
+Two cases must not count as deliveries:
+
+- a message with a future ETA: the worker holds it and kombu's visibility
+  timeout restores it while it waits; it is counted when it runs;
 - a message the worker reserved but never started when it stops (warm
-  shutdown, lost connection): kombu gives it back and it is counted again on
-  its next receipt, so :func:`uncount_unstarted` takes that count back.
+  shutdown, lost connection): kombu gives it back marked ``redelivered``, so
+  :func:`uncount_unstarted` records that this delivery did not happen.
 """
 from __future__ import annotations
 
@@ -79,12 +88,14 @@ def _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname) 
     """Persist this delivery; True when the message was dead-lettered instead of run."""
     floor = H.delivery_count_of(headers)
     tag = (message.properties or {}).get("delivery_tag")
-    try:
-        count = dlq.count_delivery(headers["id"], tag, floor)
-    except Exception:
-        logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
-                         headers.get("task"), headers.get("id"), floor)
-        count = floor
+    count = floor
+    if redelivered(message):
+        try:
+            count = dlq.count_delivery(headers["id"], tag, floor)
+        except Exception:
+            count = floor + 1  # it was delivered before: never grant it an extra attempt
+            logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
+                             headers.get("task"), headers.get("id"), count)
     headers[H.DELIVERY_COUNT] = count
     if policy.attempts_left(count - 1):
         return False
@@ -101,6 +112,11 @@ def _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname) 
     message.ack()
     dlq.forget_delivery(headers["id"], tag)
     return True
+
+
+def redelivered(message: Any) -> bool:
+    """Whether kombu delivered this very message instance before (restored it)."""
+    return bool((getattr(message, "delivery_info", None) or {}).get("redelivered"))
 
 
 def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> None:
@@ -140,7 +156,8 @@ def uncount_unstarted(app: Any) -> int:
             queue = queue_of(app, req._message.delivery_info)
             if dlq.policy(req.task, queue).persist_delivery_count_before_delivery \
                     and not _waits_for_eta(req._message.headers or {}):
-                keys.append((req.id, (req._message.properties or {}).get("delivery_tag")))
+                keys.append((req.id, (req._message.properties or {}).get("delivery_tag"),
+                             H.delivery_count_of(req._message.headers)))
                 _uncounted.add(req)
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)

@@ -112,7 +112,7 @@ class DLQ:
         return self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
 
     def count_delivery(self, task_id: str, tag: Any, floor: int) -> int:
-        """Persist one more delivery of a message and return its number (>= ``floor``)."""
+        """Count a repeated (``redelivered``) delivery of a message instance; return its number (> ``floor`` when unrecorded)."""
         self._ensure()
         return self.scripts.count_delivery(self._counter_key(task_id, tag), floor,
                                            int(self.settings.delivery_count_ttl))
@@ -129,11 +129,19 @@ class DLQ:
         self._ensure()
         self._spent.append(self._counter_key(task_id, tag))
 
-    def uncount_deliveries(self, messages: list[tuple[str, Any]]) -> int:
-        """Take back one counted delivery of each ``(task id, delivery tag)``: they never started."""
+    def uncount_deliveries(self, messages: list[tuple[str, Any, int]]) -> None:
+        """``(task id, delivery tag, delivery number)`` of messages that never started: take those deliveries back.
+
+        Each counter is set to one less than the delivery it recorded (0 for a
+        first delivery), so the message's next, restored delivery counts as the
+        same number again.
+        """
         self._ensure()
-        keys = [self._counter_key(task_id, tag) for task_id, tag in messages]
-        return int(self.scripts.run("uncount", keys, [])) if keys else 0
+        ttl = max(1, int(self.settings.delivery_count_ttl))
+        pipe = self._client.pipeline(transaction=False)
+        for task_id, tag, delivery in messages:
+            pipe.set(self._counter_key(task_id, tag), max(0, int(delivery) - 1), ex=ttl)
+        pipe.execute()
 
     def flush_spent_counters(self, batch: int = 1000) -> int:
         """Delete the counters of acknowledged messages, ``batch`` keys per round trip."""

@@ -31,7 +31,6 @@ SCRIPT_NAMES = (
     "count",
     "next_due",
     "count_delivery",
-    "uncount",
     "replay_move",
 )
 
@@ -148,11 +147,13 @@ class Scripts:
         return self.get(name)(keys=list(keys), args=list(args))
 
     def count_delivery(self, key: str, floor: int, ttl_s: float) -> int:
-        """Count one more delivery of a message and return the delivery number.
+        """Count a repeated delivery of one message instance and return its delivery number.
 
-        ``floor`` is the delivery number the message's own header claims: if
-        the counter expired or was lost (failover, eviction) it restarts there
-        rather than at 1, so a lost key never grants a message extra attempts.
+        For messages kombu marks ``redelivered`` only (see ``lua/count_delivery.lua``):
+        a missing counter means the instance was delivered once, unrecorded,
+        so this is ``floor + 1``. ``floor`` is the delivery number the
+        message's own header claims: the count never drops below it, so a lost
+        key never grants a message extra attempts.
         """
         if int(floor) < 1:
             raise ValueError(f"floor must be >= 1, got {floor!r}")

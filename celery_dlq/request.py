@@ -107,7 +107,9 @@ class RedeliveryRequest(Request):
         try:
             message = self._message
             dlq = get_dlq(self.app)
-            if dlq.policy(self.task, queue_of(self.app, message.delivery_info)).persist_delivery_count_before_delivery:
+            # Only a restored (redelivered) instance has a counter: first deliveries write none.
+            if (message.delivery_info or {}).get("redelivered") and dlq.policy(
+                    self.task, queue_of(self.app, message.delivery_info)).persist_delivery_count_before_delivery:
                 dlq.forget_delivery(self.id, (message.properties or {}).get("delivery_tag"))
         except Exception:  # the counter expires on its own; never fail an ack for it
             logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,

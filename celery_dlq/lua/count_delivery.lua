@@ -1,18 +1,26 @@
--- count_delivery.lua: count one more delivery of a task's message.
+-- count_delivery.lua: count a repeated delivery of one message instance (kombu restored it).
 --
--- KEYS[1] = count key (STRING) integer: deliveries seen so far
+-- KEYS[1] = count key (STRING) integer: deliveries of this instance recorded so far
 --
 -- ARGV[1] = floor: the delivery number the message's own header claims (integer >= 1)
 -- ARGV[2] = ttl of the counter (whole seconds)
 --
--- Returns the delivery number of this delivery. The counter never drops below
--- the header's claim, so an expired or lost counter cannot grant extra attempts.
+-- Only called for a message kombu marks `redelivered`: it was delivered
+-- before. A first delivery is not written at all (its number is the
+-- header's), so a missing counter means "delivered once already, unrecorded":
+-- this delivery is floor + 1. An existing counter is incremented, never below
+-- the header's claim, so a lost counter can never grant extra attempts.
+-- Returns the delivery number of this delivery.
 
-local count = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[1])
-if count < floor then
-    redis.call('SET', KEYS[1], ARGV[1])
-    count = floor
+local count
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    count = redis.call('INCR', KEYS[1])
+    if count < floor then
+        count = floor
+    end
+else
+    count = floor + 1
 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], count, 'EX', ARGV[2])
 return count

@@ -14,3 +14,35 @@ def test_a_message_waiting_for_its_eta_is_not_counted_yet():
     assert not _waits_for_eta({"eta": None})
     assert not _waits_for_eta({})
     assert not _waits_for_eta({"eta": "not a time"})  # counted: an unreadable ETA runs like no ETA
+
+
+class FakeDLQ:
+    def __init__(self, stored: int | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.stored = stored
+
+    def count_delivery(self, task_id, tag, floor):
+        self.calls.append((task_id, tag, floor))
+        return floor + 1 if self.stored is None else max(self.stored + 1, floor)
+
+
+class FakeMessage:
+    def __init__(self, headers: dict, redelivered: bool = False) -> None:
+        self.headers = headers
+        self.properties = {"delivery_tag": "tag-1"}
+        self.delivery_info = {"exchange": "", "routing_key": "q", **({"redelivered": True} if redelivered else {})}
+
+
+def test_a_first_delivery_costs_no_redis_call_a_restored_one_is_counted():
+    from celery_dlq import RedeliveryPolicy
+    from celery_dlq import headers as H
+    from celery_dlq.counting import _count_or_dead_letter
+
+    policy = RedeliveryPolicy(max_delivery_attempts=3)
+    dlq = FakeDLQ()
+    first = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2})
+    assert _count_or_dead_letter(dlq, None, first, first.headers, "q", policy, "w") is False
+    assert dlq.calls == [] and first.headers[H.DELIVERY_COUNT] == 2
+    restored = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2}, redelivered=True)
+    assert _count_or_dead_letter(dlq, None, restored, restored.headers, "q", policy, "w") is False
+    assert dlq.calls == [("t1", "tag-1", 2)] and restored.headers[H.DELIVERY_COUNT] == 3

@@ -87,11 +87,12 @@ def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, uniqu
     assert dlq.store.count() == 1
 
 
-def test_delivery_counter_takes_the_header_as_floor(dlq, unique):
-    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 1
-    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 2   # same message restored
-    assert dlq.count_delivery(f"id-{unique}", "tag-2", floor=3) == 3   # a parked copy, delivery 3
-    assert dlq.count_delivery(f"id-{unique}", "tag-3", floor=1) == 1   # same id sent anew
+def test_delivery_counter_counts_restored_instances_from_the_header(dlq, unique):
+    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 2   # delivery 1 restored once
+    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 3   # and again
+    assert dlq.count_delivery(f"id-{unique}", "tag-2", floor=3) == 4   # a parked copy (3), restored
+    dlq.uncount_deliveries([(f"id-{unique}", "tag-3", 1)])              # reserved, never started
+    assert dlq.count_delivery(f"id-{unique}", "tag-3", floor=1) == 1   # so still delivery 1
 
 
 def test_delivery_count_reads_the_request():
