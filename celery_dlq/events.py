@@ -42,6 +42,8 @@ SCHEMA_VERSION = 1
 #: JSON bodies larger than this are hashed as raw bytes (bounds the hook's cost).
 MAX_PARSED_BODY = 1024 * 1024
 JSON_TYPES = ("application/json",)
+#: ``Envelope.extra`` key: a parked copy carries its payload hash, so the mover's events need not hash again.
+PAYLOAD_HASH = "payload_hash"
 
 
 class EventType:
@@ -235,7 +237,8 @@ def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str
         first_failure_us=to_us(headers.get(H.FIRST_FAILURE_AT)),
         due_us=to_us(due),
         payload_size=len(body),
-        payload_hash=payload_hash(envelope.task_name, body, envelope.content_type, envelope.content_encoding),
+        payload_hash=envelope.extra.get(PAYLOAD_HASH) or payload_hash(
+            envelope.task_name, body, envelope.content_type, envelope.content_encoding),
         worker=str(headers.get(H.WORKER) or ""),
         record=envelope.dumps().decode("utf-8") if with_record else "",
     )

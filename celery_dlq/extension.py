@@ -170,6 +170,8 @@ class DLQ:
         if envelope.delivery_tag:  # which consumed instance this copy came from (see _park_once)
             copy = replace(copy, extra={**copy.extra, SOURCE_TAG: envelope.delivery_tag})
         event, max_length = events.parked_fields(self, copy, failure=failure, delivery=delivery, due=due, now=now)
+        if event and event.get("payload_hash"):  # the redelivered event reuses it (no second parse and hash)
+            copy = replace(copy, extra={**copy.extra, events.PAYLOAD_HASH: event["payload_hash"]})
         if not self._park_once(copy, envelope, nxt, due, event, max_length):
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,

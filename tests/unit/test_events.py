@@ -236,3 +236,18 @@ def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique)
     assert purged.type == "purged" and purged.exception_type == "KeyError"
     # A bad element is logged, not raised.
     assert events.purged(dlq, [b"not json"], dlq="DLQ.orders") == 0
+
+
+def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique):
+    from dataclasses import replace
+
+    dlq = install(app)
+    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    [(_, fields)] = dlq.client.xrange(dlq.keys.events)
+    parked_hash = Event.from_fields(fields).payload_hash
+    [entry] = list(dlq.store.entries())
+    copy = Envelope.loads(entry.payload)
+    assert copy.extra[events.PAYLOAD_HASH] == parked_hash
+    assert events.event_of(EventType.REDELIVERED, copy).payload_hash == parked_hash
+    marked = replace(copy, extra={events.PAYLOAD_HASH: "f" * 32})   # taken as stored, not computed again
+    assert events.event_of(EventType.REDELIVERED, marked).payload_hash == "f" * 32
