@@ -73,10 +73,18 @@ def sample_payload(app, client) -> bytes:
                         properties={k: raw["properties"][k] for k in CARRIED_PROPERTIES
                                     if raw["properties"].get(k) is not None},
                         exchange="", routing_key=QUEUE, queue=QUEUE)
+    from dataclasses import replace
+
+    from celery_dlq import events
+    from celery_dlq.extension import SOURCE_TAG
+
     failure = {"type": "ConnectionError", "message": "transient", "traceback": ""}
-    return envelope.with_headers(H.redelivery_headers(
+    copy = envelope.with_headers(H.redelivery_headers(
         envelope.headers, delivery=2, queue=QUEUE, exchange="", routing_key=QUEUE,
-        failure=failure, now=time.time())).dumps()
+        failure=failure, now=time.time()))
+    # What DLQ.park adds: the source delivery tag and the payload hash.
+    digest = events.payload_hash(copy.task_name, copy.body, copy.content_type, copy.content_encoding)
+    return replace(copy, extra={SOURCE_TAG: raw["properties"]["delivery_tag"], events.PAYLOAD_HASH: digest}).dumps()
 
 
 def park_all(dlq, n: int, payload: bytes) -> None:
