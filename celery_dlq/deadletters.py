@@ -19,11 +19,12 @@ from kombu.utils import json
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
+from celery_dlq.envelope import TaskIdentity
 from celery_dlq.matching import Pattern
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(TaskIdentity):
     """One dead letter exactly as stored; ``message`` is kombu's JSON, {} if it is not JSON."""
 
     queue: str
@@ -47,14 +48,6 @@ class DeadLetter:
     @property
     def properties(self) -> dict:
         return self.message.get("properties") or {}
-
-    @property
-    def task_id(self) -> str | None:
-        return self.headers.get("id") or self.properties.get("correlation_id")
-
-    @property
-    def task_name(self) -> str | None:
-        return self.headers.get("task")
 
     def header(self, name: str) -> Any:
         return self.headers.get(name)

@@ -17,8 +17,23 @@ CARRIED_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode")
 FORMAT_VERSION = 1
 
 
+class TaskIdentity:
+    """The task id and name of a Celery message: protocol 2 headers, or the correlation id."""
+
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+
+    @property
+    def task_id(self) -> str | None:
+        return self.headers.get("id") or self.properties.get("correlation_id")
+
+    @property
+    def task_name(self) -> str | None:
+        return self.headers.get("task")
+
+
 @dataclass(frozen=True)
-class Envelope:
+class Envelope(TaskIdentity):
     body: bytes
     content_type: str | None
     content_encoding: str | None
@@ -49,14 +64,6 @@ class Envelope:
             queue=queue,
             delivery_tag=tag if isinstance(tag := properties.get("delivery_tag"), str) else None,
         )
-
-    @property
-    def task_id(self) -> str | None:
-        return self.headers.get("id") or self.properties.get("correlation_id")
-
-    @property
-    def task_name(self) -> str | None:
-        return self.headers.get("task")
 
     def with_headers(self, headers: Mapping[str, Any]) -> Envelope:
         return replace(self, headers=dict(headers))
