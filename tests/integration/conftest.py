@@ -80,7 +80,9 @@ class Harness:
     def env(self, **extra) -> dict:
         env = dict(os.environ)
         env.update(DLQ_TEST_BROKER=self.broker, DLQ_TEST_QUEUE=self.queue, DLQ_TEST_PREFIX=self.prefix,
-                   PYTHONPATH=str(ROOT), **self.extra_env, **extra)
+                   PYTHONPATH=str(ROOT))
+        env.update(self.extra_env)
+        env.update(extra)
         return env
 
     def worker(self, concurrency: int = 2, name: str | None = None, wait_ready: bool = True, **env) -> Worker:

@@ -1,7 +1,8 @@
 """The Celery app the integration tests run in real worker processes.
 
 Configured from the environment so each test gets its own broker database,
-queue and key prefix: DLQ_TEST_BROKER, DLQ_TEST_QUEUE, DLQ_TEST_PREFIX.
+queue and key prefix: DLQ_TEST_BROKER, DLQ_TEST_QUEUE, DLQ_TEST_PREFIX (and DLQ_TEST_REDIS
+for the delivery log when the broker is not Redis).
 Every task records each delivery in the Redis list ``<prefix>:log`` (JSON),
 which is what the tests assert on.
 """
@@ -21,6 +22,8 @@ from celery_dlq import RedeliveryTask, delivery_count
 BROKER = os.environ.get("DLQ_TEST_BROKER", "redis://127.0.0.1:6379/15")
 QUEUE = os.environ.get("DLQ_TEST_QUEUE", "dlqtest")
 PREFIX = os.environ.get("DLQ_TEST_PREFIX", "dlqtest")
+#: Where deliveries are logged: the broker unless it is not Redis (a RabbitMQ broker).
+STORE = os.environ.get("DLQ_TEST_REDIS", BROKER)
 
 app = Celery("proj", broker=BROKER, set_as_current=True)
 app.conf.update(
@@ -42,7 +45,7 @@ _client = None
 def client() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(BROKER)
+        _client = redis.Redis.from_url(STORE)
     return _client
 
 
