@@ -24,7 +24,6 @@ Two cases must not count as deliveries:
 from __future__ import annotations
 
 import logging
-import weakref
 from datetime import datetime, timezone
 from typing import Any
 
@@ -40,10 +39,6 @@ from celery_dlq.extension import get_dlq, is_redelivery_task
 from celery_dlq.headers import Reason
 
 logger = logging.getLogger(__name__)
-
-#: Requests already un-counted: a consumer's stop and shutdown may both run.
-_uncounted: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
 
 def strategy(task, app, consumer, **kwargs):
     """Celery's default strategy, with the delivery counted in Redis first.
@@ -141,13 +136,14 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> 
 def uncount_unstarted(app: Any) -> int:
     """Take back the count of every reserved request that never started; returns how many.
 
-    Called when the consumer stops: kombu restores these messages, and their
-    next receipt counts them again. Left alone, those counts would let a few restarts
-    dead-letter messages that never ran.
+    Called from the consumer's ``on_close``, just before it forgets these
+    requests (so each is taken back once): kombu restores their messages, and
+    their next receipt counts them again. Left alone, those counts would let a
+    few restarts dead-letter messages that never ran.
     """
     dlq = get_dlq(app)
     unstarted = [req for req in list(state.reserved_requests)
-                 if req not in state.active_requests and req not in _uncounted
+                 if req not in state.active_requests
                  and getattr(req, "_message", None) is not None
                  and is_redelivery_task(getattr(req, "task", None))]
     keys = []
@@ -158,7 +154,6 @@ def uncount_unstarted(app: Any) -> int:
                     and not _waits_for_eta(req._message.headers or {}):
                 keys.append((req.id, (req._message.properties or {}).get("delivery_tag"),
                              H.delivery_count_of(req._message.headers)))
-                _uncounted.add(req)
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:

@@ -359,11 +359,10 @@ def parked_fields(source: Any, copy: Envelope, *, failure: Mapping[str, str], de
 
 
 @_isolated
-def redelivered(source: Any, claimed: Iterable[Any], now: float | None = None) -> list[Event]:
-    """The mover published these messages (``Envelope``s, or ``store.Claimed`` entries) back to their queues."""
+def redelivered(source: Any, envelopes: Iterable[Envelope], now: float | None = None) -> list[Event]:
+    """The mover published these messages (the parked copies, decoded) back to their queues."""
     now = time.time() if now is None else now
-    return [event_of(EventType.REDELIVERED, entry if isinstance(entry, Envelope) else Envelope.loads(entry.payload),
-                     ts=now) for entry in claimed]
+    return [event_of(EventType.REDELIVERED, envelope, ts=now) for envelope in envelopes]
 
 
 @_isolated

@@ -20,6 +20,7 @@ from celery.worker.state import task_ready
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
+from celery_dlq.counting import redelivered
 from celery_dlq.envelope import Envelope, queue_of
 from celery_dlq.extension import get_dlq
 from celery_dlq.headers import Reason
@@ -108,7 +109,7 @@ class RedeliveryRequest(Request):
             message = self._message
             dlq = get_dlq(self.app)
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
-            if (message.delivery_info or {}).get("redelivered") and dlq.policy(
+            if redelivered(message) and dlq.policy(
                     self.task, queue_of(self.app, message.delivery_info)).persist_delivery_count_before_delivery:
                 dlq.forget_delivery(self.id, (message.properties or {}).get("delivery_tag"))
         except Exception:  # the counter expires on its own; never fail an ack for it

@@ -97,7 +97,7 @@ class Retention:
                     self._log(dlq, raw, why)
                     gone.setdefault(why, []).append(raw)
             for why, raws in gone.items():  # the archive keeps what retention deletes
-                events.trimmed(self, raws, dlq=dlq, why="max_length" if why == "length" else why)
+                events.trimmed(self, raws, dlq=dlq, why=why)
         if trimmed:
             self.client.hincrby(self.keys.stats, STAT_TRIMMED, trimmed)
         return trimmed
@@ -118,7 +118,7 @@ class Retention:
             if len(victims) >= most:
                 break
             if len(victims) < excess:
-                why = "length"
+                why = "max_length"
             elif cutoff is not None and at < cutoff:
                 why = "ttl"
             else:
@@ -134,7 +134,7 @@ class Retention:
             headers = json.loads(raw).get("headers") or {}
         except (ValueError, AttributeError):
             headers = {}
-        limit = "over its dead_letter_max_length" if why == "length" else "older than its dead_letter_ttl"
+        limit = "over its dead_letter_max_length" if why == "max_length" else "older than its dead_letter_ttl"
         logger.warning("celery-dlq: trimmed dead letter %s[%s] from %s: %s", headers.get("task"),
                        headers.get("id"), dlq, limit)
 
