@@ -64,7 +64,7 @@ def make_app(url: str, prefix: str):
 def sample_payload(app, client) -> bytes:
     """A parked copy as the engine writes it: a real noop message plus redelivery headers."""
     from celery_dlq import headers as H
-    from celery_dlq.envelope import CARRIED_PROPERTIES, Envelope
+    from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 
     app.send_task("bench.noop", args=(1,), queue="bench.sample")
     raw = json.loads(client.rpop("bench.sample"))
@@ -75,21 +75,22 @@ def sample_payload(app, client) -> bytes:
                         exchange="", routing_key=QUEUE, queue=QUEUE)
     from dataclasses import replace
 
-    from celery_dlq import events
-    from celery_dlq.extension import SOURCE_TAG
+    from celery_dlq.message import payload_hash
+    from celery_dlq.redis.archive import PAYLOAD_HASH
+    from celery_dlq.worker.runtime import SOURCE_TAG
 
     failure = {"type": "ConnectionError", "message": "transient", "traceback": ""}
     copy = envelope.with_headers(H.redelivery_headers(
         envelope.headers, delivery=2, queue=QUEUE, exchange="", routing_key=QUEUE,
         failure=failure, now=time.time()))
     # What DLQ.park adds: the source delivery tag and the payload hash.
-    digest = events.payload_hash(copy.task_name, copy.body, copy.content_type, copy.content_encoding)
-    return replace(copy, extra={SOURCE_TAG: raw["properties"]["delivery_tag"], events.PAYLOAD_HASH: digest}).dumps()
+    digest = payload_hash(copy.task_name, copy.body, copy.content_type, copy.content_encoding)
+    return replace(copy, extra={SOURCE_TAG: raw["properties"]["delivery_tag"], PAYLOAD_HASH: digest}).dumps()
 
 
 def park_all(dlq, n: int, payload: bytes) -> None:
     """Park n entries due one second ago, in pipelines of the library's own park script."""
-    from celery_dlq.store import to_ms
+    from celery_dlq.redis.store import to_ms
 
     script = dlq.store._scripts.get("park")
     keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
@@ -104,7 +105,7 @@ def park_all(dlq, n: int, payload: bytes) -> None:
 @contextmanager
 def phase_timer(mover, dlq):
     """Wrap the mover's Redis/kombu calls to split its time into phases."""
-    from celery_dlq import envelope as envelope_module
+    from celery_dlq import message as envelope_module
 
     spent: dict[str, float] = defaultdict(float)
     store = dlq.store
@@ -133,12 +134,12 @@ def phase_timer(mover, dlq):
 def run_library(url: str, n: int, payload: bytes) -> tuple[float, dict]:
     import redis
 
-    from celery_dlq.extension import get_dlq
-    from celery_dlq.mover import MoverThread
+    from celery_dlq.worker.runtime import runtime_of
+    from celery_dlq.worker.mover import MoverThread
 
     prefix = "b4lib"
     app = make_app(url, prefix)
-    dlq = get_dlq(app)
+    dlq = runtime_of(app)
     client = redis.Redis.from_url(url)
     client.delete(QUEUE)
     park_all(dlq, n, payload)
@@ -159,11 +160,11 @@ def run_library(url: str, n: int, payload: bytes) -> tuple[float, dict]:
 def run_raw(url: str, n: int, payload: bytes) -> float:
     import redis
 
-    from celery_dlq.extension import get_dlq
-    from celery_dlq.store import to_ms
+    from celery_dlq.worker.runtime import runtime_of
+    from celery_dlq.redis.store import to_ms
 
     app = make_app(url, "b4raw")
-    dlq = get_dlq(app)
+    dlq = runtime_of(app)
     client = redis.Redis.from_url(url)
     client.delete(QUEUE)
     park_all(dlq, n, payload)

@@ -36,7 +36,7 @@ LEAD = 3.0  # seconds between parking and the first due time
 
 def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
     """Park n entries due at start + i / RATE, each with its due time in a header."""
-    from celery_dlq.store import to_ms
+    from celery_dlq.redis.store import to_ms
 
     doc = json.loads(payload)
     script = dlq.store._scripts.get("park")
@@ -69,14 +69,14 @@ def collect(url: str, n: int, timeout: float, out: list[float]) -> None:
 def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[float]:
     import redis
 
-    from celery_dlq.extension import get_dlq
-    from celery_dlq.store import to_ms
+    from celery_dlq.worker.runtime import runtime_of
+    from celery_dlq.redis.store import to_ms
 
     prefix = f"b5{side}"
     client = redis.Redis.from_url(url)
     client.flushdb()
     app = make_app(url, prefix)
-    dlq = get_dlq(app)
+    dlq = runtime_of(app)
     worker = None
     stop = threading.Event()
     if side == "dlq":

@@ -13,11 +13,12 @@ Quick start::
     def charge(order_id): ...
 """
 from celery_dlq.errors import ConfigurationError, DLQError, StoreError
-from celery_dlq.extension import delivery_count, install, resolve_policy
 from celery_dlq.headers import Reason
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.signals import task_dead_lettered, task_redelivery_scheduled
-from celery_dlq.task import Redeliver, RedeliveryTask
+from celery_dlq.worker.install import install, resolve_policy
+from celery_dlq.worker.runtime import delivery_count
+from celery_dlq.worker.task import Redeliver, RedeliveryTask
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Exception hierarchy: one root, so callers can catch everything of ours."""
+"""Every exception celery-dlq raises, under one root, so callers can catch everything of ours."""
 from __future__ import annotations
 
 from celery.exceptions import ImproperlyConfigured
@@ -19,3 +19,23 @@ class ConfigurationError(DLQError, ImproperlyConfigured, ValueError):
 
 class StoreError(DLQError):
     """Redis could not store a parked message or a dead letter."""
+
+
+class BrokerNotSupported(DLQError):
+    """Dead letters are read from the broker's Redis lists: other brokers have none."""
+
+
+class UnknownQueue(DLQError):
+    """No dead-letter queue by that name exists or is configured."""
+
+
+class ForceRequired(DLQError):
+    """A destructive operation was asked for without ``force=True``."""
+
+
+class PlanError(DLQError):
+    """A replay plan is missing, unfinished or malformed."""
+
+
+class ExportError(DLQError):
+    """An export destination holds something else, or its checkpoint is unreadable."""

@@ -34,18 +34,29 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from celery_dlq.matching import Pattern
+from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventType, Field
 
-EVENTS_DDL = ", ".join([
-    "event_id STRING", "event_type STRING", "ts TIMESTAMP", "task_id STRING", "task_name STRING",
-    "dlq STRING", "delivery INT", "reason STRING", "exception_type STRING", "exception_message STRING",
-    "first_failure_at TIMESTAMP", "due_at TIMESTAMP", "payload_size BIGINT", "payload_hash STRING",
-    "worker STRING", "record STRING", "dt STRING", "queue STRING",
-])
+#: Field kind (``celery_dlq.redis.archive.Field.kind``) -> Spark SQL type.
+SPARK_TYPES = {"string": "STRING", "int": "INT", "bigint": "BIGINT", "timestamp": "TIMESTAMP"}
+
+
+def events_ddl(schema: Iterable[Field] = SCHEMA) -> str:
+    """The exported events as Spark reads them: event id, the non-partition fields, ``dt``, the partition fields."""
+    fields = tuple(schema)
+    columns = [f"{ID_COLUMN} STRING"]
+    columns += [f"{f.column} {SPARK_TYPES[f.kind]}" for f in fields if not f.partition]
+    columns += [f"{DATE_PARTITION} STRING"]
+    columns += [f"{f.column} {SPARK_TYPES[f.kind]}" for f in fields if f.partition]
+    return ", ".join(columns)
+
+
+#: The schema of ``IN/events``, derived from ``archive.SCHEMA`` as export's Arrow schema is.
+EVENTS_DDL = events_ddl()
 #: What the report reads (Parquet column pruning skips the records and messages).
 REPORT_COLUMNS = ("event_id", "event_type", "ts", "task_id", "task_name", "dlq", "delivery", "reason",
                   "exception_type", "first_failure_at", "payload_hash", "queue")
-DEAD, DROPPED, PARKED, REDELIVERED = "dead_lettered", "dropped", "parked", "redelivered"
-REPLAYED, TRIMMED, PURGED = "replayed", "trimmed", "purged"
+DEAD, DROPPED, PARKED, REDELIVERED = EventType.DEAD_LETTERED, EventType.DROPPED, EventType.PARKED, EventType.REDELIVERED
+REPLAYED, TRIMMED, PURGED = EventType.REPLAYED, EventType.TRIMMED, EventType.PURGED
 US_PER_DAY = 86_400_000_000
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Upper bounds (seconds) of the time-to-dead-letter histogram's buckets; the last is open.

@@ -4,48 +4,15 @@ No pyspark here: the command line builds these before any JVM starts.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable
 
 from celery_dlq.errors import ConfigurationError
+from celery_dlq.timespec import parse_duration, parse_moment
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-
-
-def parse_duration(text: str | float | None) -> float | None:
-    """Seconds from ``90``, ``90s``, ``30m``, ``6h``, ``7d`` or ``2w``; None stays None."""
-    if text is None:
-        return None
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        match = _DURATION.match(str(text))
-        if not match:
-            raise ConfigurationError(f"bad duration {text!r}: use seconds or a number with s, m, h, d or w")
-        seconds = float(match.group(1)) * UNITS[match.group(2) or "s"]
-    if seconds <= 0:
-        raise ConfigurationError(f"a duration must be > 0, got {text!r}")
-    return seconds
-
-
-def parse_time(text: str | datetime | None) -> datetime | None:
-    """An aware UTC datetime from ISO 8601 (naive means UTC) or unix seconds."""
-    if text is None or isinstance(text, datetime):
-        moment = text
-    else:
-        try:
-            moment = datetime.fromtimestamp(float(text), timezone.utc)
-        except ValueError:
-            try:
-                moment = datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
-            except ValueError:
-                raise ConfigurationError(f"bad time {text!r}: use ISO 8601 or unix seconds") from None
-    if moment is None:
-        return None
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+#: The report's former name of :func:`celery_dlq.timespec.parse_moment` (``--as-of``).
+parse_time = parse_moment
 
 
 def parse_conf(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
@@ -88,7 +55,7 @@ class ReportOptions:
             raise ConfigurationError(f"--poison-min must be >= 2, got {self.poison_min_dead_letters!r}")
         if self.top < 1:
             raise ConfigurationError(f"--top must be >= 1, got {self.top!r}")
-        object.__setattr__(self, "as_of", parse_time(self.as_of) or datetime.now(timezone.utc))
+        object.__setattr__(self, "as_of", parse_moment(self.as_of) or datetime.now(timezone.utc))
         object.__setattr__(self, "replay_max_age", parse_duration(self.replay_max_age))
         object.__setattr__(self, "replay_exceptions", tuple(self.replay_exceptions))
         object.__setattr__(self, "replay_tasks", tuple(self.replay_tasks))

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from celery_dlq.errors import DLQError
-from celery_dlq.export import filesystem, read_bytes
+from celery_dlq.analytics.fs import filesystem, read_bytes
+from celery_dlq.errors import PlanError
 
 PLAN_DIR = "replay_plan"
 MANIFEST = "manifest.json"
@@ -30,10 +30,6 @@ ENTRIES = "entries"
 PLAN_VERSION = 1
 #: Columns a replay needs; a table without them is not a plan, whatever its manifest says.
 REQUIRED_COLUMNS = ("task_id", "dlq", "dead_lettered_at")
-
-
-class PlanError(DLQError):
-    """No usable replay plan at that path."""
 
 
 @dataclass(frozen=True)

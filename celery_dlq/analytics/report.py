@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from celery_dlq.analytics import metrics as M
+from celery_dlq.analytics.fs import filesystem, write_bytes
 from celery_dlq.analytics.options import ReportOptions
 from celery_dlq.analytics.plan import ENTRIES, MANIFEST, PLAN_DIR, PLAN_VERSION
 from celery_dlq.analytics.render import render_html
 from celery_dlq.analytics.session import build_session, report_session
-from celery_dlq.export import filesystem, write_bytes
 
 #: Spark type name -> Arrow type, for the small tables the driver writes.
 ARROW_TYPES = {"string": pa.string(), "bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(),

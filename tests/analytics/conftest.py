@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from celery_dlq.events import Event, EventLog  # noqa: E402
-from celery_dlq.export import export_events  # noqa: E402
-from celery_dlq.keys import Keys  # noqa: E402
+from celery_dlq.analytics.export import export_events  # noqa: E402
+from celery_dlq.redis.archive import Event, EventLog  # noqa: E402
+from celery_dlq.redis.keys import Keys  # noqa: E402
 
 AS_OF = datetime(2024, 3, 15, 12, 0, tzinfo=timezone.utc)
 

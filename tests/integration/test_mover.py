@@ -9,9 +9,9 @@ from collections import Counter
 import psutil
 import pytest
 
-from celery_dlq.envelope import Envelope
-from celery_dlq.keys import Keys
-from celery_dlq.store import DelayedStore
+from celery_dlq.message import Envelope
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.store import DelayedStore
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,9 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
 from celery_dlq import cli  # noqa: E402
-from celery_dlq.manage import Operator, QueueLists  # noqa: E402
+from celery_dlq.cli import base as cli_base  # noqa: E402
+from celery_dlq.manage import Operator  # noqa: E402
+from celery_dlq.redis.keys import QueueLists  # noqa: E402
 from tests.unit.test_manage import T0, CountingRedis, FakeClock, dead_letter, read_once, stored  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +60,7 @@ def write_plan(out: Path, letters, selected: int | None = None) -> Path:
 def run(app, fake, monkeypatch):
     """``celery dlq ARGS`` in-process, with the operator on fakeredis."""
     ops = Operator(app, broker=fake, client=fake, clock=FakeClock())
-    monkeypatch.setattr(cli, "make_operator", lambda _app: ops)
+    monkeypatch.setattr(cli_base, "make_operator", lambda _app: ops)
 
     def invoke(*args):
         return CliRunner().invoke(cli.dlq, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
@@ -97,7 +99,7 @@ def test_export_and_report_are_dlq_commands_and_their_help_starts_no_jvm():
     listing, imported = celery("--help")
     commands = {line.split()[0] for line in listing.split("Commands:")[1].splitlines() if line.strip()}
     assert {"export", "report", "replay", "list", "purge"} <= commands
-    assert {"celery_dlq.cli", "celery_dlq.cli_analytics"} <= imported
+    assert {"celery_dlq.cli", "celery_dlq.cli.analytics"} <= imported
     for command, option in (("report", "--replay-exception"), ("export", "--snapshot"), ("replay", "--plan")):
         text, imported = celery(command, "--help")
         assert option in text
@@ -202,7 +204,7 @@ def test_rate_paces_across_every_dlq_of_the_plan(run, fake, tmp_path, monkeypatc
 def test_each_dlq_of_the_plan_is_read_in_one_pass(app, fake, tmp_path, monkeypatch):
     broker = CountingRedis(fake)
     ops = Operator(app, broker=broker, client=fake, clock=FakeClock())
-    monkeypatch.setattr(cli, "make_operator", lambda _app: ops)
+    monkeypatch.setattr(cli_base, "make_operator", lambda _app: ops)
     letters = [dead_letter(fake, args=(n,), priority=3 * (n % 2)) for n in range(4)]
     skipped = dead_letter(fake, args=(9,))
     write_plan(tmp_path, letters[::-1] + [("gone", "DLQ.orders")])
@@ -302,7 +304,7 @@ def test_an_empty_plan_replays_nothing_and_succeeds(run, fake, tmp_path):
 def test_plan_dlqs_follow_the_global_keyprefix(app, fake, tmp_path, monkeypatch):
     app.conf.broker_transport_options = {"global_keyprefix": "tenant:"}
     ops = Operator(app, broker=fake, client=fake, clock=FakeClock())
-    monkeypatch.setattr(cli, "make_operator", lambda _app: ops)
+    monkeypatch.setattr(cli_base, "make_operator", lambda _app: ops)
     letter = dead_letter(fake, prefix="tenant:")
     write_plan(tmp_path, [letter])
     result = CliRunner().invoke(cli.dlq, ["replay", "--plan", str(tmp_path)],

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
-from celery_dlq.counting import _waits_for_eta
+from celery_dlq.worker.strategy import _waits_for_eta
 
 
 def test_a_message_waiting_for_its_eta_is_not_counted_yet():
@@ -17,13 +18,20 @@ def test_a_message_waiting_for_its_eta_is_not_counted_yet():
 
 
 class FakeDLQ:
-    def __init__(self, stored: int | None = None) -> None:
+    """The runtime as the strategy uses it: delivery counters and one message's context."""
+
+    def __init__(self, policy, stored: int | None = None) -> None:
         self.calls: list[tuple] = []
         self.stored = stored
+        self.policy = policy
+        self.counters = self
 
-    def count_delivery(self, task_id, tag, floor):
+    def count(self, task_id, tag, floor):
         self.calls.append((task_id, tag, floor))
         return floor + 1 if self.stored is None else max(self.stored + 1, floor)
+
+    def context(self, task, message):
+        return SimpleNamespace(policy=self.policy)
 
 
 class FakeMessage:
@@ -36,13 +44,13 @@ class FakeMessage:
 def test_a_first_delivery_costs_no_redis_call_a_restored_one_is_counted():
     from celery_dlq import RedeliveryPolicy
     from celery_dlq import headers as H
-    from celery_dlq.counting import _count_or_dead_letter
+    from celery_dlq.worker.strategy import _count_or_dead_letter
 
     policy = RedeliveryPolicy(max_delivery_attempts=3)
-    dlq = FakeDLQ()
+    dlq = FakeDLQ(policy)
     first = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2})
-    assert _count_or_dead_letter(dlq, None, first, first.headers, "q", policy, "w") is False
+    assert _count_or_dead_letter(dlq, None, first, first.headers, "w") is False
     assert dlq.calls == [] and first.headers[H.DELIVERY_COUNT] == 2
     restored = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2}, redelivered=True)
-    assert _count_or_dead_letter(dlq, None, restored, restored.headers, "q", policy, "w") is False
+    assert _count_or_dead_letter(dlq, None, restored, restored.headers, "w") is False
     assert dlq.calls == [("t1", "tag-1", 2)] and restored.headers[H.DELIVERY_COUNT] == 3

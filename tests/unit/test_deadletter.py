@@ -10,9 +10,10 @@ from celery import Celery
 
 from celery_dlq import RedeliveryPolicy, task_dead_lettered
 from celery_dlq import headers as H
-from celery_dlq.deadletter import DeadLetterer
-from celery_dlq.envelope import Envelope
-from celery_dlq.keys import Keys
+from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.message import Envelope
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.keys import Keys
 
 
 @pytest.fixture
@@ -28,6 +29,11 @@ def setup(redis_server, unique):
     client.close()
 
 
+def letterer_for(app, client, keys):
+    return DeadLetterer(app, client, keys, audit_ttl=60, archive=EventLog(client, keys, 100_000),
+                        redis_url=app.conf.broker_url)
+
+
 FAILURE = {"type": "ValueError", "message": "boom", "traceback": "Traceback..."}
 
 
@@ -38,7 +44,7 @@ def dead_letter(letterer, envelope, policy=None, delivery=3):
 
 def test_dead_letter_is_published_once_per_task_and_delivery(setup):
     app, client, keys, envelope = setup
-    letterer = DeadLetterer(app, client, keys, audit_ttl=60)
+    letterer = letterer_for(app, client, keys)
     assert dead_letter(letterer, envelope) == f"DLQ.{envelope.queue}"
     assert dead_letter(letterer, envelope) == f"DLQ.{envelope.queue}"   # redelivered copy: suppressed
     assert client.llen(f"DLQ.{envelope.queue}") == 1
@@ -55,15 +61,15 @@ def test_dead_letter_is_published_once_per_task_and_delivery(setup):
 def test_pending_audit_is_published_again_never_lost(setup):
     app, client, keys, envelope = setup
     client.set(keys.audit(envelope.task_id, 3), b"pending")  # a worker died between publish and mark
-    dead_letter(DeadLetterer(app, client, keys, audit_ttl=60), envelope)
+    dead_letter(letterer_for(app, client, keys), envelope)
     assert client.llen(f"DLQ.{envelope.queue}") == 1
     assert client.get(keys.audit(envelope.task_id, 3)) == b"done"
 
 
 def test_dead_letter_false_drops_logs_and_counts(setup, caplog):
     app, client, keys, envelope = setup
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.deadletter"):
-        assert dead_letter(DeadLetterer(app, client, keys, 60), envelope, RedeliveryPolicy(dead_letter=False)) is None
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.deadletter"):
+        assert dead_letter(letterer_for(app, client, keys), envelope, RedeliveryPolicy(dead_letter=False)) is None
     assert client.llen(f"DLQ.{envelope.queue}") == 0
     assert client.hget(keys.stats, "dropped") == b"1"
     assert "dropping t.x" in caplog.text
@@ -73,7 +79,7 @@ def test_named_dead_letter_queue(setup):
     app, client, keys, envelope = setup
     name = f"graveyard-{envelope.queue}"
     try:
-        dead_letter(DeadLetterer(app, client, keys, 60), envelope, RedeliveryPolicy(dead_letter=name))
+        dead_letter(letterer_for(app, client, keys), envelope, RedeliveryPolicy(dead_letter=name))
         assert client.llen(name) == 1
     finally:
         client.delete(name)
@@ -90,7 +96,7 @@ def test_a_raising_signal_receiver_loses_nothing(setup, caplog):
     task_dead_lettered.connect(broken, weak=False)
     try:
         with caplog.at_level(logging.ERROR):
-            dead_letter(DeadLetterer(app, client, keys, 60), envelope)
+            dead_letter(letterer_for(app, client, keys), envelope)
     finally:
         task_dead_lettered.disconnect(broken)
     assert seen == ["max_delivery_attempts"]
@@ -102,7 +108,7 @@ def test_broker_failure_raises_and_leaves_audit_pending(setup):
     app, client, keys, envelope = setup
     app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
     app.conf.broker_connection_max_retries = 1
-    letterer = DeadLetterer(app, client, keys, 60)
+    letterer = letterer_for(app, client, keys)
     with pytest.raises(Exception):
         dead_letter(letterer, envelope)
     assert client.get(keys.audit(envelope.task_id, 3)) == b"pending"
@@ -112,7 +118,7 @@ def test_audit_is_per_message_instance(setup):
     """A restored instance (same tag) is suppressed; a republished dead letter (new tag) is not lost."""
     from dataclasses import replace
     app, client, keys, envelope = setup
-    letterer = DeadLetterer(app, client, keys, audit_ttl=60)
+    letterer = letterer_for(app, client, keys)
     restored = replace(envelope, delivery_tag="tag-a")
     dead_letter(letterer, restored)
     dead_letter(letterer, restored)

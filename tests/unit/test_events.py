@@ -12,15 +12,15 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_dlq import RedeliveryPolicy, events
+from celery_dlq import RedeliveryPolicy, install
 from celery_dlq import headers as H
-from celery_dlq.envelope import Envelope
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.events import Event, EventLog, EventType, letter_from_raw, payload_hash
-from celery_dlq.extension import install
-from celery_dlq.keys import Keys
-from celery_dlq.mover import MoverThread
+from celery_dlq.message import Envelope, decode_raw, payload_hash
+from celery_dlq.redis import archive as events
+from celery_dlq.redis.archive import Event, EventLog, EventType
+from celery_dlq.redis.keys import Keys
 from celery_dlq.settings import DLQSettings
+from celery_dlq.worker.mover import MoverThread
 
 UNPICKLED: list[str] = []
 
@@ -99,7 +99,7 @@ def test_a_failing_redis_is_logged_not_raised(caplog):
         def pipeline(self, **kw):
             return self
 
-    with caplog.at_level(logging.ERROR, logger="celery_dlq.events"):
+    with caplog.at_level(logging.ERROR, logger="celery_dlq.redis.archive"):
         assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1)]) == 0
         assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1), Event("parked", 2)]) == 0
     assert "could not archive" in caplog.text
@@ -182,7 +182,7 @@ def test_dropped_message_is_archived_with_its_record(app, unique):
 def test_archive_failure_never_breaks_park(app, unique, caplog):
     dlq = install(app)
     dlq.client.set(dlq.keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.store"):
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.redis.store"):
         dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     assert dlq.store.count() == 1
     assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"
@@ -223,10 +223,10 @@ def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique)
     env = Envelope(body=body([1], {}), content_type="application/json", content_encoding="utf-8", headers=headers,
                    properties={}, exchange="", routing_key="orders", queue="orders")
     raw = kombu_json(env)
-    assert letter_from_raw(raw).body == env.body and letter_from_raw(raw).queue == "orders"
-    assert events.replayed(dlq, [raw, env], dlq="DLQ.orders", now=1_700_000_100.0) == 2
-    assert events.trimmed(dlq, [raw], dlq="DLQ.orders", why="max_length") == 1
-    assert events.purged(dlq, [raw], dlq="DLQ.orders") == 1
+    assert decode_raw(raw).as_envelope().body == env.body and decode_raw(raw).as_envelope().queue == "orders"
+    assert dlq.archive.replayed([raw, env], dlq="DLQ.orders", now=1_700_000_100.0) == 2
+    assert dlq.archive.trimmed([raw], dlq="DLQ.orders", why="max_length") == 1
+    assert dlq.archive.purged([raw], dlq="DLQ.orders") == 1
     replayed, replayed2, trimmed, purged = stream(dlq)
     assert replayed == replayed2
     assert (replayed.type, replayed.ts_us, replayed.dlq, replayed.queue, replayed.delivery) == \
@@ -235,7 +235,7 @@ def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique)
     assert (trimmed.type, trimmed.reason) == ("trimmed", "max_length")
     assert purged.type == "purged" and purged.exception_type == "KeyError"
     # A bad element is logged, not raised.
-    assert events.purged(dlq, [b"not json"], dlq="DLQ.orders") == 0
+    assert dlq.archive.purged([b"not json"], dlq="DLQ.orders") == 0
 
 
 def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique):

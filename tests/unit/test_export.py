@@ -16,12 +16,12 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
-from celery_dlq import RedeliveryPolicy, cli_analytics
-from celery_dlq import export as X
-from celery_dlq.envelope import Envelope
-from celery_dlq.events import Event, EventLog
-from celery_dlq.extension import install
-from celery_dlq.keys import Keys
+from celery_dlq import RedeliveryPolicy, install
+from celery_dlq.analytics import export as X
+from celery_dlq.cli import analytics as cli_analytics
+from celery_dlq.message import Envelope
+from celery_dlq.redis.archive import SCHEMA, Event, EventLog, Field
+from celery_dlq.redis.keys import Keys
 
 DAY_US = 86_400_000_000
 MIDNIGHT = 1_710_460_800_000_000  # 2024-03-15T00:00:00Z
@@ -199,3 +199,40 @@ def test_report_options_as_of_is_utc():
     assert options.as_of == datetime(2024, 3, 15, 12, tzinfo=timezone.utc)
     assert options.as_of_us == 1_710_504_000_000_000 and options.replay_max_age == 21600.0
     assert ReportOptions("in", "out", as_of="1710504000").as_of == options.as_of
+
+
+ARROW_KINDS = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+               "timestamp": pa.timestamp("us", tz="UTC")}
+
+
+def test_the_arrow_schemas_are_derived_from_the_archive_schema():
+    columns = [f for f in SCHEMA if not f.partition]
+    partitions = [f for f in SCHEMA if f.partition]
+    assert [f.name for f in partitions] == ["queue"]
+    assert X.EVENT_SCHEMA.names == ["event_id", *(f.column for f in columns)]
+    assert X.EVENT_SCHEMA.types == [pa.string(), *(ARROW_KINDS[f.kind] for f in columns)]
+    assert X.PARTITION_SCHEMA.names == ["dt", *(f.column for f in partitions)]
+    assert X.PARTITION_SCHEMA.types == [pa.string(), *(ARROW_KINDS[f.kind] for f in partitions)]
+    assert X.SNAPSHOT_SCHEMA.names == [*X.EVENT_SCHEMA.names, *(f.column for f in partitions), "snapshot_at"]
+    assert X.STREAM_FIELDS == tuple((f.name, f.column) for f in columns + partitions)
+    assert {name for name, _ in X.STREAM_FIELDS} == set(Event.__dataclass_fields__)  # every event field is exported
+
+
+def test_a_field_added_to_the_archive_schema_reaches_every_arrow_derivation():
+    grown = (*SCHEMA, Field("attempt_ms", "attempt_ms", "bigint"),
+             Field("region", "region_name", "string", partition=True))
+    events, partitions = X.event_schema(grown), X.partition_schema(grown)
+    assert events.names == [*X.EVENT_SCHEMA.names, "attempt_ms"]
+    assert events.field("attempt_ms").type == pa.int64()
+    assert partitions.names == [*X.PARTITION_SCHEMA.names, "region_name"]
+    assert X.stream_fields(grown) == (*X.STREAM_FIELDS[:-1], ("attempt_ms", "attempt_ms"), X.STREAM_FIELDS[-1],
+                                      ("region", "region_name"))
+    with pytest.raises(KeyError):  # a kind without an Arrow type is refused, not guessed
+        X.event_schema((*SCHEMA, Field("blob", "blob", "bytes")))
+
+
+def test_exported_files_hold_exactly_the_derived_columns(log, tmp_path):
+    log.append([ev(1, MIDNIGHT, exception_type="ValueError", first_failure_us=MIDNIGHT - 5)])
+    result = X.export_events(log.client, Keys("exp"), str(tmp_path))
+    assert pq.read_schema(result.files[0]).remove_metadata().equals(X.EVENT_SCHEMA)
+    assert read(tmp_path).schema.names == [*X.EVENT_SCHEMA.names, *X.PARTITION_SCHEMA.names]

@@ -1,4 +1,4 @@
-"""DLQ.park: the parked copy, its headers, and the redelivery signal."""
+"""Runtime.park: the parked copy, its headers, and the redelivery signal."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,7 @@ from celery import Celery
 import celery_dlq
 from celery_dlq import headers as H
 from celery_dlq import task_redelivery_scheduled
-from celery_dlq.envelope import Envelope
+from celery_dlq.message import Envelope
 
 
 @pytest.fixture
@@ -88,11 +88,11 @@ def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, uniqu
 
 
 def test_delivery_counter_counts_restored_instances_from_the_header(dlq, unique):
-    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 2   # delivery 1 restored once
-    assert dlq.count_delivery(f"id-{unique}", "tag-1", floor=1) == 3   # and again
-    assert dlq.count_delivery(f"id-{unique}", "tag-2", floor=3) == 4   # a parked copy (3), restored
-    dlq.uncount_deliveries([(f"id-{unique}", "tag-3", 1)])              # reserved, never started
-    assert dlq.count_delivery(f"id-{unique}", "tag-3", floor=1) == 1   # so still delivery 1
+    assert dlq.counters.count(f"id-{unique}", "tag-1", floor=1) == 2   # delivery 1 restored once
+    assert dlq.counters.count(f"id-{unique}", "tag-1", floor=1) == 3   # and again
+    assert dlq.counters.count(f"id-{unique}", "tag-2", floor=3) == 4   # a parked copy (3), restored
+    dlq.counters.uncount([(f"id-{unique}", "tag-3", 1)])              # reserved, never started
+    assert dlq.counters.count(f"id-{unique}", "tag-3", floor=1) == 1   # so still delivery 1
 
 
 def test_delivery_count_reads_the_request():
@@ -105,11 +105,11 @@ def test_delivery_count_reads_the_request():
 
 def test_acknowledged_messages_counters_are_deleted_in_batches(dlq, unique):
     for tag in ("tag-1", "tag-2", "tag-3"):
-        dlq.count_delivery(f"id-{unique}", tag, floor=1)
-    dlq.forget_delivery(f"id-{unique}", "tag-1")
-    dlq.forget_delivery(f"id-{unique}", "tag-2")
-    assert dlq.flush_spent_counters(batch=1) == 2
-    assert dlq.flush_spent_counters() == 0
+        dlq.counters.count(f"id-{unique}", tag, floor=1)
+    dlq.counters.forget(f"id-{unique}", "tag-1")
+    dlq.counters.forget(f"id-{unique}", "tag-2")
+    assert dlq.counters.flush(batch=1) == 2
+    assert dlq.counters.flush() == 0
     left = sorted(k.decode() for k in dlq.client.keys(f"*{{ext{unique}}}:count:*"))
     assert left == [dlq.keys.delivery_count(f"id-{unique}:tag-3")]
 

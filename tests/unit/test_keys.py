@@ -8,9 +8,11 @@ import fakeredis
 import pytest
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.keys import SCRIPT_NAMES, Keys, Scripts, script_source
+from celery_dlq.redis.counters import DeliveryCounters
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import SCRIPT_NAMES, Scripts, script_source
 
-LUA_DIR = resources.files("celery_dlq").joinpath("lua")
+LUA_DIR = resources.files("celery_dlq.redis").joinpath("lua")
 
 
 def test_key_names_share_one_hash_tag():
@@ -85,22 +87,26 @@ def test_scripts_are_registered_once_per_client():
     assert scripts.run("count", ["{t}:a", "{t}:b"], []) == 0
 
 
+def counters(client, unique, ttl):
+    keys = Keys(prefix=f"test-{unique}")
+    return DeliveryCounters(client, keys, Scripts(client), ttl)
+
+
 def test_count_delivery_increments_floors_and_expires(any_redis, unique):
-    scripts = Scripts(any_redis)
     key = Keys(prefix=f"test-{unique}").delivery_count("task-1")
     try:
         # Called for restored instances only: the first delivery (1) was not recorded.
-        assert scripts.count_delivery(key, floor=1, ttl_s=60) == 2
-        assert scripts.count_delivery(key, floor=1, ttl_s=60) == 3
+        assert counters(any_redis, unique, 60).count("task-1", None, floor=1) == 2
+        assert counters(any_redis, unique, 60).count("task-1", None, floor=1) == 3
         assert 0 < any_redis.ttl(key) <= 60
-        assert scripts.count_delivery(key, floor=5, ttl_s=60) == 5  # the header knows better
-        assert scripts.count_delivery(key, floor=3, ttl_s=60) == 6
-        assert scripts.count_delivery(key, floor=1, ttl_s=0.2) == 7
+        assert counters(any_redis, unique, 60).count("task-1", None, floor=5) == 5  # the header knows better
+        assert counters(any_redis, unique, 60).count("task-1", None, floor=3) == 6
+        assert counters(any_redis, unique, 0.2).count("task-1", None, floor=1) == 7
         assert any_redis.ttl(key) == 1  # whole seconds, rounded up
         with pytest.raises(ValueError):
-            scripts.count_delivery(key, floor=0, ttl_s=60)
+            counters(any_redis, unique, 60).count("task-1", None, floor=0)
         with pytest.raises(ValueError):
-            scripts.count_delivery(key, floor=1, ttl_s=0)
+            counters(any_redis, unique, 0)
     finally:
         any_redis.delete(key)
 
@@ -108,8 +114,8 @@ def test_count_delivery_increments_floors_and_expires(any_redis, unique):
 def test_count_delivery_on_a_lost_counter_counts_one_past_the_header(any_redis, unique):
     key = Keys(prefix=f"test-{unique}").delivery_count("task-2")
     try:
-        assert Scripts(any_redis).count_delivery(key, floor=4, ttl_s=10) == 5
+        assert counters(any_redis, unique, 10).count("task-2", None, floor=4) == 5
         any_redis.set(key, 3)   # taken back by a stopping worker: delivery 4 never started
-        assert Scripts(any_redis).count_delivery(key, floor=4, ttl_s=10) == 4
+        assert counters(any_redis, unique, 10).count("task-2", None, floor=4) == 4
     finally:
         any_redis.delete(key)

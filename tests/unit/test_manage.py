@@ -17,16 +17,19 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
-from celery_dlq import headers as H
 from celery_dlq import cli
-from celery_dlq.deadletter import DeadLetterer
-from celery_dlq.envelope import CARRIED_PROPERTIES, Envelope
+from celery_dlq import headers as H
+from celery_dlq.cli import base as cli_base
+from celery_dlq.cli.options import parse_time
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.keys import Keys
 from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
-                               QueueLists, TaskIds, UnknownQueue)
+                               TaskIds, UnknownQueue)
+from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.retention import STAT_TRIMMED, Retention
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.keys import Keys, QueueLists, Stat
+from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.worker.retention import Retention
 
 T0 = 1_700_000_000.0
 SOURCE = Celery("source", broker="memory://", set_as_current=False)
@@ -65,7 +68,8 @@ def dead_letter(fake, task="shop.charge", args=(1,), kwargs=None, queue="orders"
                         exchange="", routing_key=queue, queue=queue)
     dlq = dlq or f"DLQ.{queue}"
     policy = RedeliveryPolicy(dead_letter=dlq)
-    DeadLetterer(SOURCE, fake, Keys("src"), 60).dead_letter(
+    DeadLetterer(SOURCE, fake, Keys("src"), audit_ttl=60, archive=EventLog(fake, Keys("src"), 100_000),
+                 redis_url="redis://").dead_letter(
         envelope, delivery=delivery, policy=policy, reason=reason, failure=H.describe_exception(exc), worker="w1@h")
     with SOURCE.connection_for_write() as conn:
         stored = conn.default_channel._get(dlq)
@@ -447,12 +451,12 @@ def test_stats(op, fake):
 
 def test_trim_by_length_removes_oldest_across_priority_lists(app, fake, caplog):
     letters = [dead_letter(fake, args=(i,), at=T0 + i, priority=9 if i % 2 else 0) for i in range(6)]
-    retention = Retention(app, fake, Keys("r"), broker=fake)
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.retention"):
+    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.retention"):
         assert retention.trim("DLQ.orders", max_length=2) == 4
     left = [json.loads(r)["headers"]["id"] for key in QueueLists().keys("DLQ.orders") for r in fake.lrange(key, 0, -1)]
     assert sorted(left) == sorted([letters[4].task_id, letters[5].task_id])
-    assert fake.hget(Keys("r").stats, STAT_TRIMMED) == b"4"
+    assert fake.hget(Keys("r").stats, Stat.TRIMMED) == b"4"
     assert caplog.text.count("trimmed dead letter shop.charge") == 4
     assert "dead_letter_max_length" in caplog.text
 
@@ -460,7 +464,7 @@ def test_trim_by_length_removes_oldest_across_priority_lists(app, fake, caplog):
 def test_trim_by_age_and_policy_hook(app, fake):
     old = [dead_letter(fake, at=T0 - 7200 + i) for i in range(3)]
     new = dead_letter(fake, at=T0 - 10)
-    retention = Retention(app, fake, Keys("r"), broker=fake)
+    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
     assert retention.after_dead_letter("DLQ.orders", RedeliveryPolicy()) == 0  # no limits: untouched
     assert retention.trim("DLQ.orders", ttl=3600, now=T0) == 3
     assert [json.loads(r)["headers"]["id"] for r in fake.lrange("DLQ.orders", 0, -1)] == [new.task_id]
@@ -468,12 +472,12 @@ def test_trim_by_age_and_policy_hook(app, fake):
 
 
 def test_trim_many_pages_and_stops_at_the_cap(app, fake, monkeypatch):
-    import celery_dlq.retention as retention_module
+    import celery_dlq.worker.retention as retention_module
     for i in range(30):
         dead_letter(fake, args=(i,), at=T0 + i)
     monkeypatch.setattr(retention_module, "PAGE", 4)
     monkeypatch.setattr(retention_module, "MAX_PER_CALL", 20)
-    retention = Retention(app, fake, Keys("r"), broker=fake)
+    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
     assert retention.trim("DLQ.orders", max_length=5) == 20
     assert retention.trim("DLQ.orders", max_length=5) == 5
     ages = [json.loads(r)["headers"][H.DEAD_LETTERED_AT] for r in fake.lrange("DLQ.orders", 0, -1)]
@@ -485,7 +489,7 @@ def test_trim_failure_is_logged_not_raised(app, fake, caplog):
         def pipeline(self, **kw):
             raise ConnectionError("redis went away")
 
-    retention = Retention(app, fake, Keys("r"), broker=Broken())
+    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=Broken())
     with caplog.at_level(logging.ERROR):
         assert retention.after_dead_letter("DLQ.orders", RedeliveryPolicy(dead_letter_max_length=1)) == 0
     assert "could not trim DLQ.orders" in caplog.text
@@ -496,12 +500,12 @@ def test_trim_failure_is_logged_not_raised(app, fake, caplog):
 def run(app, fake, *args, ops=None):
     ops = ops or Operator(app, broker=fake, client=fake)
     runner = CliRunner()
-    original = cli.make_operator
-    cli.make_operator = lambda _app: ops
+    original = cli_base.make_operator
+    cli_base.make_operator = lambda _app: ops
     try:
         return runner.invoke(cli.dlq, list(args), obj=CLIContext(app=app, no_color=True, workdir=None))
     finally:
-        cli.make_operator = original
+        cli_base.make_operator = original
 
 
 def test_cli_json_shapes_and_exit_codes(app, fake):
@@ -602,10 +606,10 @@ def test_cli_purge_of_ids_deletes_every_dead_letter_of_each_in_one_pass(app, fak
 
 
 def test_parse_time():
-    assert cli.parse_time("1700000000") == 1_700_000_000.0
-    assert cli.parse_time("2h", now=T0) == T0 - 7200
-    assert cli.parse_time("2023-11-14T22:13:20") == 1_700_000_000.0
-    assert cli.parse_time("2023-11-14T22:13:20Z") == 1_700_000_000.0
+    assert parse_time("1700000000") == 1_700_000_000.0
+    assert parse_time("2h", now=T0) == T0 - 7200
+    assert parse_time("2023-11-14T22:13:20") == 1_700_000_000.0
+    assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000.0
 
 
 def test_cli_parked_retries(app, fake):
@@ -628,8 +632,6 @@ def test_cli_parked_retries(app, fake):
 # -- the archive keeps what operators and retention do ----------------------------
 
 def archived(op) -> list[tuple[str, str, str, str]]:
-    from celery_dlq.events import EventLog
-
     log = EventLog(op.client, op.keys, 1000)
     return [(e.type, e.task_id, e.dlq, e.reason) for _, e in log.events()]
 
@@ -640,7 +642,7 @@ def test_replay_purge_and_trim_are_archived(op, fake, app):
     dlq.replay(Filter(task_id=first.task_id))
     dlq.replay(Filter(task_id=first.task_id))          # gone already: nothing more to archive
     dlq.purge(Filter(task_id=second.task_id), force=True)
-    Retention(app, fake, op.keys, broker=fake).trim("DLQ.orders", max_length=1)
+    Retention(app, fake, op.keys, archive=op.archive, broker=fake).trim("DLQ.orders", max_length=1)
     assert archived(op) == [("replayed", first.task_id, "DLQ.orders", "max_delivery_attempts"),
                             ("purged", second.task_id, "DLQ.orders", "max_delivery_attempts"),
                             ("trimmed", third.task_id, "DLQ.orders", "max_length")]

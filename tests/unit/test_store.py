@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.keys import Keys
-from celery_dlq.store import Claimed, DelayedStore
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.store import Claimed, DelayedStore
 
 T0 = 1_700_000_000.0  # a fixed "now", in unix seconds
 
@@ -237,7 +237,7 @@ def test_redeliver_now_one(store):
 
 
 def test_redeliver_now_all(store, clock, monkeypatch):
-    monkeypatch.setattr("celery_dlq.store.REDELIVER_BATCH", 4)
+    monkeypatch.setattr("celery_dlq.redis.store.REDELIVER_BATCH", 4)
     for i in range(10):
         store.park(f"e{i}", b"p", "q", due=T0 + 100 + i)
     store.park("due", b"p", "q", due=T0 - 1)

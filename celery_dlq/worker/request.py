@@ -1,4 +1,4 @@
-"""The worker's main-process half of the takeover: a Request subclass and a Strategy wrapper.
+"""The worker's main-process half of the takeover: the Request subclass.
 
 The request holds the raw kombu message and sees every outcome (ordinary
 exceptions, ``Redeliver`` from the child, a lost worker process, a hard time
@@ -20,11 +20,10 @@ from celery.worker.state import task_ready
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
-from celery_dlq.counting import redelivered
-from celery_dlq.envelope import Envelope, queue_of
-from celery_dlq.extension import get_dlq
 from celery_dlq.headers import Reason
-from celery_dlq.task import Redeliver
+from celery_dlq.message import was_redelivered
+from celery_dlq.worker.runtime import MessageContext, runtime_of
+from celery_dlq.worker.task import Redeliver
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +106,9 @@ class RedeliveryRequest(Request):
             return
         try:
             message = self._message
-            dlq = get_dlq(self.app)
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
-            if redelivered(message) and dlq.policy(
-                    self.task, queue_of(self.app, message.delivery_info)).persist_delivery_count_before_delivery:
-                dlq.forget_delivery(self.id, (message.properties or {}).get("delivery_tag"))
+            if was_redelivered(message) and self._dlq_context().policy.persist_delivery_count_before_delivery:
+                runtime_of(self.app).counters.forget(self.id, (message.properties or {}).get("delivery_tag"))
         except Exception:  # the counter expires on its own; never fail an ack for it
             logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,
                          exc_info=True)
@@ -119,16 +116,18 @@ class RedeliveryRequest(Request):
     # -- outcomes ------------------------------------------------------------
 
     def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
-        envelope, policy, delivery = self._dlq_context()
+        ctx = self._dlq_context()
         try:
-            get_dlq(self.app).park(envelope, delivery=delivery, failure=exc.failure, delay=exc.when or 0.0)
+            runtime_of(self.app).park(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
+                                      delay=exc.when or 0.0)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_final(self, exc, exc_info, send_failed_event, return_ok):
-        envelope, policy, delivery = self._dlq_context()
+        ctx = self._dlq_context()
+        policy, delivery = ctx.policy, ctx.delivery
         if isinstance(exc, SoftTimeLimitExceeded):
             reason = Reason.TIME_LIMIT
         elif policy.attempts_left(delivery) or (policy.dead_letter_on and isinstance(exc, policy.dead_letter_on)):
@@ -152,14 +151,15 @@ class RedeliveryRequest(Request):
 
     def _dlq_takeover(self, failure, reason, *, lost: bool, retry: Callable[[], Any]) -> str | None:
         """Park (a lost worker with deliveries left) or dead-letter; None if the write failed (``retry`` later)."""
-        envelope, policy, delivery = self._dlq_context()
-        dlq = get_dlq(self.app)
+        ctx = self._dlq_context()
+        runtime = runtime_of(self.app)
         try:
-            if lost and policy.attempts_left(delivery):
-                dlq.park(envelope, delivery=delivery, failure=failure, delay=policy.delay_after(delivery))
+            if lost and ctx.policy.attempts_left(ctx.delivery):
+                runtime.park(ctx.envelope, delivery=ctx.delivery, failure=failure,
+                             delay=ctx.policy.delay_after(ctx.delivery))
                 return "parked"
-            dlq.dead_letter(envelope, delivery=delivery, policy=policy, reason=reason,
-                            failure=failure, worker=self.hostname)
+            runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
+                                failure=failure, worker=self.hostname)
             return "dead_lettered"
         except Exception:
             self._dlq_write_failed("dead-letter" if not lost else "park or dead-letter", retry)
@@ -183,13 +183,13 @@ class RedeliveryRequest(Request):
         the prefetch slot soon after Redis is back, instead of holding it until
         kombu's visibility timeout (an hour by default) restores the message.
         """
-        dlq = get_dlq(self.app)
+        runtime = runtime_of(self.app)
         attempt = self._dlq_write_attempts = self._dlq_write_attempts + 1
         delay = min(WRITE_RETRY_MAX, WRITE_RETRY_FIRST * 2 ** (attempt - 1))
-        timer = dlq.timer
+        timer = runtime.timer
         logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
                          "unacknowledged, %s", what, self.name, self.id,
-                         maybe_sanitize_url(dlq.settings.redis_url),
+                         maybe_sanitize_url(runtime.settings.redis_url),
                          f"trying again in {delay:.0f}s" if timer is not None else "for the broker to deliver again")
         task_ready(self)
         if timer is not None:
@@ -215,10 +215,9 @@ class RedeliveryRequest(Request):
         return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (
             self._already_cancelled or self._already_revoked)
 
-    def _dlq_context(self):
-        message = self._message
-        queue = queue_of(self.app, message.delivery_info)
-        envelope = Envelope.from_message(message, queue)
-        policy = get_dlq(self.app).policy(self.task, queue)
-        delivery = H.delivery_count_of(self._request_dict)
-        return envelope, policy, delivery
+    def _dlq_context(self) -> MessageContext:
+        """This message's queue, policy, delivery and envelope: resolved once per request."""
+        ctx = self.__dict__.get("_dlq_ctx")
+        if ctx is None:
+            ctx = self._dlq_ctx = runtime_of(self.app).context(self.task, self._message, self._request_dict)
+        return ctx

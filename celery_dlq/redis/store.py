@@ -14,7 +14,7 @@ re-claimed once it expired, and the new lease ends strictly later, so ack and
 release compare it and never touch a lease another mover holds.
 
 Public times are unix seconds (floats); Redis holds integer milliseconds. Each
-operation over several keys is one Lua script (see ``celery_dlq/lua``).
+operation over several keys is one Lua script (see ``celery_dlq/redis/lua``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.keys import Keys, Scripts
+from celery_dlq.message import as_text as _text
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +38,6 @@ REDELIVER_BATCH = 500
 def to_ms(seconds: float) -> int:
     """Unix seconds (float) to the integer milliseconds Redis scores hold."""
     return int(round(seconds * 1000))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)

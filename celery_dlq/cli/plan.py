@@ -3,9 +3,8 @@
 The plan is read with pyarrow only (``celery_dlq.analytics.plan``), never a
 JVM. Every DLQ it names is checked before anything moves; each DLQ is then
 read once, oldest first, replaying the oldest dead letter of each planned
-task id (:class:`~celery_dlq.deadletters.TaskIds`, as ``replay QUEUE ID...``
-does). Split from :mod:`celery_dlq.cli`, which imports it when ``--plan`` is
-given.
+task id (:class:`~celery_dlq.ops.letters.TaskIds`, as ``replay QUEUE ID...``
+does).
 """
 from __future__ import annotations
 
@@ -14,9 +13,12 @@ from typing import Any
 import click
 from kombu.utils.url import maybe_sanitize_url
 
-from celery_dlq.cli import (EXIT_FAILED, EXIT_USAGE, Failure, _echo_outcome, n_of, operator,
-                            progress)
-from celery_dlq.manage import DeadLetterQueue, Operator, TaskIds, UnknownQueue
+from celery_dlq.cli.base import EXIT_FAILED, EXIT_USAGE, Failure, operator
+from celery_dlq.cli.output import echo_outcome, n_of, progress
+from celery_dlq.errors import PlanError, UnknownQueue
+from celery_dlq.ops.letters import TaskIds
+from celery_dlq.ops.operator import Operator
+from celery_dlq.ops.queue import DeadLetterQueue
 
 
 def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: bool, limit: int | None,
@@ -39,7 +41,7 @@ def _load_plan(path: str) -> Any:
     try:
         import pyarrow as pa
 
-        from celery_dlq.analytics.plan import PlanError, load_plan
+        from celery_dlq.analytics.plan import load_plan
     except ImportError as exc:  # pyarrow is in the spark extra
         raise Failure(f"{exc}: reading a replay plan needs pyarrow: pip install 'celery-dlq[spark]'") from None
     try:
@@ -116,7 +118,7 @@ def _replay_planned(dead: DeadLetterQueue, wanted: TaskIds, *, to: str | None, r
     with progress(f"replaying {dead.name}", expected) as advance:
         out = dead.replay(wanted, to=to, limit=expected, rate=rate, dry_run=dry_run, progress=advance)
     if out.matched:
-        _echo_outcome(dead.name, out, "Replayed")
+        echo_outcome(dead.name, out, "Replayed")
     not_found = wanted.missing
     if not_found:
         click.echo(f"{len(not_found)} of {n_of(expected, 'planned dead letter')} no longer in "

@@ -1,9 +1,10 @@
 """One dead-letter queue as an operator works it: list, replay, purge.
 
 Dead letters live on the broker, in the Redis lists kombu uses for the queue
-``DLQ.<queue>`` (one per priority step, see :mod:`celery_dlq.layout`), as
-kombu's JSON. They are read a page at a time from the oldest end, and each
-page is offered to the selection (:mod:`celery_dlq.deadletters`) once, so an
+``DLQ.<queue>`` (one per priority step, see :class:`celery_dlq.redis.keys.QueueLists`),
+as kombu's JSON. They are read a page at a time from the oldest end
+(:class:`celery_dlq.redis.lists.OldestFirst`), and each page is offered to
+the selection (:mod:`celery_dlq.ops.letters`) once, so an
 operation is one pass over the DLQ whatever it selects. A replay rewrites
 each message and moves it with one Lua script (remove this exact element
 from the DLQ, push the copy onto the target queue), so a replay interrupted
@@ -18,20 +19,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kombu.utils import json
 
-from celery_dlq import events
-from celery_dlq.deadletters import DeadLetter, Filter, Selector
-from celery_dlq.errors import DLQError
+from celery_dlq.errors import ForceRequired
+from celery_dlq.ops.letters import DeadLetter, Filter, Selector
+from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.lists import OldestFirst
 
 if TYPE_CHECKING:
-    from celery_dlq.manage import Operator
+    from celery_dlq.ops.operator import Operator
 
 #: Dead letters read per LRANGE (and moved per pipeline).
 PAGE = 500
-STAT_REPLAYED, STAT_PURGED = "replayed", "purged"
-
-
-class ForceRequired(DLQError):
-    """A destructive operation was asked for without ``force=True``."""
 
 
 @dataclass
@@ -46,34 +43,10 @@ class Outcome:
     dry_run: bool = False
 
 
-class _Pages:
-    """Oldest-first pages of lists being changed: add to ``removed`` what you took from the last page.
-
-    A page is counted from the right (oldest) end, so messages added at the
-    left meanwhile never shift it; removals do, and are subtracted.
-    """
-
-    def __init__(self, client: Any, keys: list[str], batch: int) -> None:
-        self.client, self.keys, self.batch, self.removed = client, keys, batch, 0
-
-    def __iter__(self) -> Iterator[tuple[str, list[bytes]]]:
-        for key in self.keys:
-            seen = self.removed = 0
-            while True:
-                skip = seen - self.removed
-                raw = self.client.lrange(key, -(skip + self.batch), -(skip + 1))
-                if not raw:
-                    break
-                seen += len(raw)
-                yield key, raw[::-1]
-                if len(raw) < self.batch:
-                    break
-
-
 def _take(letters: list[DeadLetter], where: Selector | None, left: int | None) -> list[DeadLetter]:
     """The ``letters`` ``where`` selects, at most ``left``; none is offered to ``where`` past the limit.
 
-    A stateful selector (:class:`~celery_dlq.deadletters.TaskIds`) counts
+    A stateful selector (:class:`~celery_dlq.ops.letters.TaskIds`) counts
     what it matched as taken, so it must not be asked about letters that
     the limit then leaves behind.
     """
@@ -89,9 +62,9 @@ def _take(letters: list[DeadLetter], where: Selector | None, left: int | None) -
 class DeadLetterQueue:
     """One DLQ (Sidekiq's ``DeadSet``): iterate, show, replay, purge.
 
-    ``where`` is any :class:`~celery_dlq.deadletters.Selector`: a
-    :class:`~celery_dlq.deadletters.Filter`, or
-    :class:`~celery_dlq.deadletters.TaskIds` for a set of task ids.
+    ``where`` is any :class:`~celery_dlq.ops.letters.Selector`: a
+    :class:`~celery_dlq.ops.letters.Filter`, or
+    :class:`~celery_dlq.ops.letters.TaskIds` for a set of task ids.
     """
 
     def __init__(self, operator: Operator, name: str) -> None:
@@ -105,10 +78,10 @@ class DeadLetterQueue:
     def depth(self) -> int:
         return self.op.depth(self.name)
 
-    def _pages(self, batch: int) -> _Pages:
-        return _Pages(self.op.broker, self.op.lists.keys(self.name), batch)
+    def _pages(self, batch: int) -> OldestFirst:
+        return OldestFirst(self.op.broker, self.op.lists.keys(self.name), batch)
 
-    def _selected(self, pages: _Pages, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
+    def _selected(self, pages: OldestFirst, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
         left = limit
         for key, raws in pages:
             letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
@@ -178,8 +151,8 @@ class DeadLetterQueue:
             out.targets[queue] += 1 if ok else 0
         out.done += sum(moved)
         out.missing += len(plans) - sum(moved)
-        self.op.count(STAT_REPLAYED, sum(moved))
-        events.replayed(self.op, [plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
+        self.op.count(Stat.REPLAYED, sum(moved))
+        self.op.archive.replayed([plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
         return len(plans)
 
     def purge(self, where: Selector | None = None, *, force: bool = False, limit: int | None = None,
@@ -187,14 +160,14 @@ class DeadLetterQueue:
         """Delete matching dead letters for good, in one pass; without ``force=True`` nothing is deleted."""
         if not force:
             raise ForceRequired(f"purging {self.name} deletes dead letters for good: pass force=True")
-        if where is None and limit is None and not events.log_of(self.op).enabled:
+        if where is None and limit is None and not self.op.archive.enabled:
             # Nothing to archive: delete the lists whole. With the archive on,
             # each letter is read and removed (below) so its `purged` event is
             # written and a letter arriving meanwhile is never deleted unseen.
             out = self._delete_lists()
         else:
             out = self._remove(where, limit, progress, batch)
-        self.op.count(STAT_PURGED, out.done)
+        self.op.count(Stat.PURGED, out.done)
         return out
 
     def _delete_lists(self) -> Outcome:
@@ -217,7 +190,7 @@ class DeadLetterQueue:
                 pipe.lrem(letter.key, -1, letter.raw)
             results = pipe.execute()
             removed = sum(results)
-            events.purged(self.op, [letter for letter, n in zip(letters, results) if n], dlq=self.name)
+            self.op.archive.purged([letter for letter, n in zip(letters, results) if n], dlq=self.name)
             out.matched += len(letters)
             out.done += removed
             out.missing += len(letters) - removed

@@ -2,10 +2,12 @@
 
 Celery rejects (deletes, on Redis) a message naming an unregistered task, an
 invalid message and a message of an unknown format, and acknowledges one it
-cannot decode. This step wraps those consumer callbacks so the raw message
-is dead-lettered first (``unknown_task`` / ``invalid_message``). It also
-validates the ``dlq_*`` settings: a bad one stops the worker at start, with
-the setting's name.
+cannot decode. :class:`DeadLetterDiscards` wraps those consumer callbacks so
+the raw message is dead-lettered first (``unknown_task`` /
+``invalid_message``). It also validates the ``dlq_*`` settings (a bad one
+stops the worker at start, with the setting's name) and, when the consumer
+closes, takes back the delivery counts of reserved messages that never
+started.
 """
 from __future__ import annotations
 
@@ -15,46 +17,54 @@ from typing import Any, Callable
 from celery import bootsteps
 
 from celery_dlq import headers as H
-from celery_dlq.envelope import Envelope, queue_of
 from celery_dlq.headers import Reason
+from celery_dlq.message import Envelope, queue_of
+from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.strategy import uncount_unstarted
 
 logger = logging.getLogger(__name__)
 
 
-class Guard(bootsteps.StartStopStep):
-    """Validates settings and wraps the consumer's discard paths (before the loop starts)."""
+class DeadLetterDiscards(bootsteps.StartStopStep):
+    """Validates settings and wraps the consumer's discard paths (before the loop starts).
+
+    ``runtime`` is set by :func:`~celery_dlq.worker.install.install` on the
+    subclass it adds to the app's consumer blueprint (:meth:`bound`).
+    """
+
+    runtime: Runtime
+
+    @classmethod
+    def bound(cls, runtime: Runtime) -> type[DeadLetterDiscards]:
+        """This step for one app's runtime (same step name, so Celery sees one step)."""
+        return type(cls.__name__, (cls,), {"__module__": cls.__module__, "runtime": runtime})
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
-        from celery_dlq.extension import get_dlq
-
-        self.dlq = get_dlq(c.app)
-        self.dlq.validate()
+        self.runtime.validate()
         c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
         c.on_unknown_message = self._wrap(c, c.on_unknown_message, Reason.INVALID_MESSAGE, body_first=True)
         c.on_decode_error = self._wrap(c, c.on_decode_error, Reason.INVALID_MESSAGE, body_first=False)
-        c.blueprint.on_close = self._uncount_first(c, c.blueprint.on_close)
+        c.blueprint.on_close = self._uncount_first(c.blueprint.on_close)
         super().__init__(c, **kwargs)
 
-    @staticmethod
-    def _uncount_first(c: Any, original: Callable | None) -> Callable:
+    def _uncount_first(self, original: Callable | None) -> Callable:
         """Wrap the consumer's ``on_close``, which forgets the reserved requests that never started.
 
         It runs when the consumer closes (warm shutdown, lost connection),
         before any step's ``stop``: the last moment the unstarted requests are
         known. Their messages go back to the broker, so their counts go back too.
         """
-        from celery_dlq.counting import uncount_unstarted
+        runtime = self.runtime
 
         def on_close() -> Any:
             try:
-                uncount_unstarted(c.app)
+                uncount_unstarted(runtime)
             except Exception:
                 logger.exception("celery-dlq: could not take back the delivery counts of unstarted messages")
             return original() if original is not None else None
 
         return on_close
-
 
     def _wrap(self, c: Any, original: Callable, reason: str, *, body_first: bool) -> Callable:
         def dead_letter_first(*args: Any) -> Any:
@@ -74,9 +84,9 @@ class Guard(bootsteps.StartStopStep):
         failure = H.describe_exception(exc, "") if exc is not None else \
             {"type": "", "message": f"message of unknown format on {queue!r}", "traceback": ""}
         try:
-            policy = self.dlq.policy(name, queue)
-            self.dlq.dead_letter(Envelope.from_message(message, queue), delivery=H.delivery_count_of(headers),
-                                 policy=policy, reason=reason, failure=failure, worker=c.hostname)
+            policy = self.runtime.policy(name, queue)
+            self.runtime.dead_letter(Envelope.from_message(message, queue), delivery=H.delivery_count_of(headers),
+                                     policy=policy, reason=reason, failure=failure, worker=c.hostname)
         except Exception:
             logger.exception("celery-dlq: could not dead-letter a %s message from %r; "
                              "leaving it unacknowledged", reason, queue)

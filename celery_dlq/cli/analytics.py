@@ -1,9 +1,10 @@
-"""``celery dlq export`` and ``celery dlq report``: click commands the ``dlq`` group adds.
+"""``celery dlq export`` and ``celery dlq report``: the analytics verbs.
 
 ``export`` needs the app (its Redis, its key prefix, its DLQs) and no JVM;
-``report`` needs no app, only the ``spark`` extra, and is also
-``python -m celery_dlq.analytics`` (a valid ``spark-submit`` entry point).
-pyspark is imported only when ``report`` runs.
+pyarrow is imported when it runs. ``report`` needs no app, only the
+``spark`` extra, and is also ``python -m celery_dlq.analytics`` (a valid
+``spark-submit`` entry point, whose ``__main__`` imports it from here).
+pyspark is imported only when ``report`` runs, after its options are checked.
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Any, Callable
 import click
 from celery.bin.base import CeleryCommand, CeleryOption
 
+from celery_dlq.cli.base import dlq
 from celery_dlq.errors import ConfigurationError
 
 EXPORT, REPORT, REPLAY = "Export Options", "Report Options", "Replay Plan Options"
 
 
-@click.command(cls=CeleryCommand)
+@dlq.command(cls=CeleryCommand)
 @click.option("--out", "out", required=True, cls=CeleryOption, help_group=EXPORT,
               help="Where the archive goes: a path or a pyarrow URI (s3://bucket/prefix).")
 @click.option("--snapshot", is_flag=True, cls=CeleryOption, help_group=EXPORT,
@@ -29,7 +31,7 @@ EXPORT, REPORT, REPLAY = "Export Options", "Report Options", "Replay Plan Option
 def export(ctx: click.Context, out: str, snapshot: bool, as_json: bool, **kwargs: Any) -> None:
     """Export the dead-letter event archive to Parquet, incrementally (only what is new)."""
     try:
-        from celery_dlq.export import export_app
+        from celery_dlq.analytics.export import export_app
     except ImportError as exc:  # pyarrow is in the spark extra
         raise click.ClickException(f"{exc}: install celery-dlq[spark]") from None
     result = export_app(ctx.obj.app, out, snapshot=snapshot)
@@ -84,14 +86,14 @@ def report_options(f: Callable) -> Callable:
 @report_options
 def report(as_json: bool, conf: tuple[str, ...], **kwargs: Any) -> None:
     """Failure report and replay plan from an exported archive, on Spark (local by default)."""
-    from celery_dlq.analytics.options import ReportOptions, parse_conf
+    from celery_dlq.analytics.options import ReportOptions, parse_conf  # no pyspark, no pyarrow
 
     try:
         options = ReportOptions(conf=parse_conf(conf), **kwargs)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        from celery_dlq.analytics.report import main
+        from celery_dlq.analytics.report import main  # pyspark: only now, and only here
     except ImportError as exc:
         raise click.ClickException(f"{exc}: the report needs the spark extra: "
                                    "pip install 'celery-dlq[spark]' (and Java 17)") from None
@@ -107,3 +109,6 @@ def report(as_json: bool, conf: tuple[str, ...], **kwargs: Any) -> None:
                f"replay plan: {plan['selected']} selected ({plan['excluded_poison']} poison excluded) "
                f"in {result['seconds']:.1f} s")
     click.echo(f"wrote {options.out_dir.rstrip('/')}/report.html, report.json, tables/, replay_plan/")
+
+
+dlq.add_command(report)

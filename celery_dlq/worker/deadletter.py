@@ -20,21 +20,17 @@ from typing import Any, Mapping
 
 from kombu import Exchange, Queue
 
-from celery_dlq import events
 from celery_dlq import headers as H
-from celery_dlq.envelope import Envelope
-from celery_dlq.keys import Keys
+from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.retention import Retention
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.signals import send_isolated, task_dead_lettered
+from celery_dlq.worker.retention import Retention
 
 logger = logging.getLogger(__name__)
 
 PENDING, DONE = b"pending", b"done"
-#: Counters in the ``stats`` hash.
-STAT_DEAD_LETTERED = "dead_lettered"
-STAT_DROPPED = "dropped"
-STAT_DUPLICATES = "dead_letter_duplicates_suppressed"
 
 
 def dead_letter_queue(name: str) -> Queue:
@@ -45,14 +41,16 @@ def dead_letter_queue(name: str) -> Queue:
 class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
-    def __init__(self, app: Any, client: Any, keys: Keys, audit_ttl: float) -> None:
+    def __init__(self, app: Any, client: Any, keys: Keys, *, audit_ttl: float, archive: EventLog,
+                 redis_url: str) -> None:
         self.app = app
         self.client = client
         self.keys = keys
+        self.archive = archive
         self.audit_ttl_s = max(1, int(audit_ttl))
         self._declared: set[str] = set()
         self._lock = threading.Lock()
-        self.retention = Retention(app, client, keys)
+        self.retention = Retention(app, client, keys, archive=archive, redis_url=redis_url)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
@@ -67,8 +65,8 @@ class DeadLetterer:
             logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): "
                            "dead_letter=False", envelope.task_name, task_id, envelope.queue,
                            delivery, reason, H.summary(failure))
-            self.client.hincrby(self.keys.stats, STAT_DROPPED, 1)
-            events.dropped(self, envelope, reason=reason, failure=failure, delivery=delivery)
+            self.client.hincrby(self.keys.stats, Stat.DROPPED, 1)
+            self.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
             self._notify(envelope, None, reason, failure, delivery)
             return None
         audit = self.keys.audit(task_id, delivery, envelope.delivery_tag)
@@ -76,7 +74,7 @@ class DeadLetterer:
             if self.client.get(audit) == DONE:
                 logger.info("celery-dlq: %s[%s] delivery %d is already in %s; not dead-lettering twice",
                             envelope.task_name, task_id, delivery, dlq)
-                self.client.hincrby(self.keys.stats, STAT_DUPLICATES, 1)
+                self.client.hincrby(self.keys.stats, Stat.DUPLICATES, 1)
                 return dlq
         letter = envelope.with_headers(H.dead_letter_headers(
             envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
@@ -84,9 +82,9 @@ class DeadLetterer:
         self.publish(letter, dlq)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
-        pipe.hincrby(self.keys.stats, STAT_DEAD_LETTERED, 1)
+        pipe.hincrby(self.keys.stats, Stat.DEAD_LETTERED, 1)
         pipe.execute()
-        events.dead_lettered(self, letter, dlq)
+        self.archive.dead_lettered(letter, dlq)
         logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",
                        envelope.task_name, task_id, dlq, delivery, reason, H.summary(failure))
         self._notify(envelope, dlq, reason, failure, delivery)

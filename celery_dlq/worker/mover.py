@@ -18,23 +18,23 @@ from typing import Any
 from celery import bootsteps
 from kombu.utils.url import maybe_sanitize_url
 
-from celery_dlq import events
-from celery_dlq.envelope import Envelope
+from celery_dlq.message import Envelope
+from celery_dlq.redis.keys import Stat
+from celery_dlq.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
-STAT_REDELIVERED = "redelivered"
 MAX_BACKOFF = 5.0
 
 
 class MoverThread(threading.Thread):
     """Claims due entries in batches and publishes them until stopped."""
 
-    def __init__(self, app: Any, dlq: Any) -> None:
+    def __init__(self, app: Any, runtime: Runtime) -> None:
         super().__init__(name="celery-dlq-mover", daemon=True)
         self.app = app
-        self.dlq = dlq
-        settings = dlq.settings
+        self.runtime = runtime
+        settings = runtime.settings
         self.interval = settings.mover_interval
         self.batch_size = settings.mover_batch_size
         self.lease = settings.claim_lease
@@ -57,17 +57,17 @@ class MoverThread(threading.Thread):
             started = time.monotonic()
             try:
                 self.move_due()
-                self.dlq.flush_spent_counters()
+                self.runtime.counters.flush()
                 wait = max(0.0, self.interval - (time.monotonic() - started))
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
-                                 maybe_sanitize_url(self.dlq.settings.redis_url), wait)
+                                 maybe_sanitize_url(self.runtime.settings.redis_url), wait)
 
     def move_due(self) -> int:
         """Move every due entry now, a batch per round trip; returns how many were published."""
         moved = 0
-        store = self.dlq.store
+        store = self.runtime.store
         while not self._stop_event.is_set():
             claimed = store.claim_due(limit=self.batch_size, lease=self.lease)
             if not claimed:
@@ -90,7 +90,7 @@ class MoverThread(threading.Thread):
         Released entries come due again after a back-off, not at once, so a
         broker outage does not turn the mover into a busy loop.
         """
-        store = self.dlq.store
+        store = self.runtime.store
         published: list[Envelope] = []
         try:
             with self.app.producer_or_acquire() as producer:
@@ -108,8 +108,8 @@ class MoverThread(threading.Thread):
             raise
         finally:
             if published:
-                store.ack_many(claimed[:len(published)], STAT_REDELIVERED, len(published))
-                events.redelivered(self.dlq, published)
+                store.ack_many(claimed[:len(published)], Stat.REDELIVERED, len(published))
+                self.runtime.archive.redelivered(published)
         return len(published)
 
 
@@ -126,29 +126,36 @@ def _batch(producer: Any, size: int) -> Any:
 
 
 class Mover(bootsteps.StartStopStep):
-    """Consumer bootstep: one mover thread per worker."""
+    """Consumer bootstep: one mover thread per worker.
+
+    ``runtime`` is set by :func:`~celery_dlq.worker.install.install` on the
+    subclass it adds to the app's consumer blueprint (:meth:`bound`).
+    """
 
     requires = ("celery.worker.consumer.connection:Connection",)
+    runtime: Runtime
+
+    @classmethod
+    def bound(cls, runtime: Runtime) -> type[Mover]:
+        """This step for one app's runtime (same step name, so Celery sees one step)."""
+        return type(cls.__name__, (cls,), {"__module__": cls.__module__, "runtime": runtime})
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
-        from celery_dlq.extension import get_dlq
-
-        self.dlq = get_dlq(c.app)
         self.thread: MoverThread | None = None
         super().__init__(c, **kwargs)
 
     def start(self, c: Any) -> None:
-        self.thread = MoverThread(c.app, self.dlq)
+        self.thread = MoverThread(c.app, self.runtime)
         self.thread.start()
         logger.info("celery-dlq mover: moving due messages every %.2fs from redis %s",
-                    self.dlq.settings.mover_interval, maybe_sanitize_url(self.dlq.settings.redis_url))
+                    self.runtime.settings.mover_interval, maybe_sanitize_url(self.runtime.settings.redis_url))
 
     def stop(self, c: Any) -> None:
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
         try:  # what was acknowledged since the last tick (tasks finishing later expire with their TTL)
-            self.dlq.flush_spent_counters()
+            self.runtime.counters.flush()
         except Exception:
             logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
 

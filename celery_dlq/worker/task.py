@@ -4,7 +4,7 @@ In the pool child, an exception that the policy will redeliver is turned into
 :class:`Redeliver` (a Celery :class:`~celery.exceptions.Retry`), so Celery
 records the state as RETRY and fires no error callbacks; the last failure is
 raised as it is, so the task is a FAILURE as Celery users expect. Either way
-the worker's main process (:mod:`celery_dlq.request`) parks or dead-letters
+the worker's main process (:mod:`celery_dlq.worker.request`) parks or dead-letters
 the original message before it is acknowledged.
 """
 from __future__ import annotations
@@ -16,7 +16,9 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlq import headers as H
-from celery_dlq.envelope import queue_of
+from celery_dlq.message import queue_of
+from celery_dlq.worker.install import install
+from celery_dlq.worker.runtime import delivery_count, runtime_of
 
 
 class Redeliver(Retry):
@@ -45,18 +47,18 @@ class RedeliveryTask(Task):
     """
 
     abstract = True
-    Request = "celery_dlq.request:RedeliveryRequest"
-    Strategy = "celery_dlq.counting:strategy"
+    Request = "celery_dlq.worker.request:RedeliveryRequest"
+    Strategy = "celery_dlq.worker.strategy:strategy"
     acks_late = True
     acks_on_failure = True   # only after the dead letter is stored (request.py)
     acks_on_timeout = True
     reject_on_worker_lost = False
     redelivery_policy: Any = None
+    #: What the worker side checks (``runtime.is_managed``) without importing this class.
+    celery_dlq_managed = True
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        from celery_dlq.extension import install
-
         install(app, validate=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -74,11 +76,9 @@ class RedeliveryTask(Task):
             raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc)) from exc
 
     def _policy_and_delivery(self):
-        from celery_dlq.extension import delivery_count, get_dlq
-
         request = self.request
         queue = queue_of(self.app, request.delivery_info)
-        return get_dlq(self.app).policy(self, queue), delivery_count(request)
+        return runtime_of(self.app).policy(self, queue), delivery_count(request)
 
     def _redelivery_delay(self, exc: BaseException) -> float | None:
         """Seconds until the next delivery, or None when this failure is the last."""

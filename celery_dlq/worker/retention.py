@@ -20,17 +20,15 @@ import time
 from collections import Counter
 from typing import Any, Iterator
 
-from kombu.utils import json
-
-from celery_dlq import events
-from celery_dlq import headers as H
-from celery_dlq.keys import Keys
-from celery_dlq.layout import broker_client, queue_lists
+from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.client import broker_client
+from celery_dlq.redis.keys import Keys, QueueLists, Stat
+from celery_dlq.redis.lists import oldest_pages
 
 logger = logging.getLogger(__name__)
 
-STAT_TRIMMED = "dead_letters_trimmed"
 #: Tail messages read per sub-list and round trip.
 PAGE = 200
 #: At most this many messages are trimmed after one dead letter, so lowering a
@@ -38,32 +36,23 @@ PAGE = 200
 MAX_PER_CALL = 1000
 
 
-def dead_lettered_at(raw: bytes) -> float:
-    """``x-dlq-dead-lettered-at`` of a stored message; 0 (oldest) when it has none."""
-    try:
-        value = (json.loads(raw).get("headers") or {}).get(H.DEAD_LETTERED_AT)
-    except (ValueError, AttributeError):
-        return 0.0
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
 class Retention:
-    """Trims DLQs per their policy; one per :class:`~celery_dlq.deadletter.DeadLetterer`.
+    """Trims DLQs per their policy; one per :class:`~celery_dlq.worker.deadletter.DeadLetterer`.
 
     ``client`` holds the ``stats`` hash (``dlq_redis_url``); the DLQ lists
     are on the broker, which is the same client unless they differ.
     """
 
-    def __init__(self, app: Any, client: Any, keys: Keys, broker: Any = None) -> None:
+    def __init__(self, app: Any, client: Any, keys: Keys, *, archive: EventLog, redis_url: str = "",
+                 broker: Any = None) -> None:
         self.app, self.client, self.keys, self._broker = app, client, keys, broker
-        self.lists = queue_lists(app, keys.global_keyprefix)
+        self.redis_url, self.archive = redis_url, archive
+        self.lists = QueueLists.of(app.conf.broker_transport_options)
 
     @property
     def broker(self) -> Any:
         if self._broker is None:
-            from celery_dlq.extension import get_dlq
-
-            self._broker = broker_client(self.app, self.client, get_dlq(self.app).settings.redis_url)
+            self._broker = broker_client(self.app.conf, self.client, self.redis_url)
         return self._broker
 
     def after_dead_letter(self, dlq: str, policy: RedeliveryPolicy) -> int:
@@ -97,20 +86,17 @@ class Retention:
                     self._log(dlq, raw, why)
                     gone.setdefault(why, []).append(raw)
             for why, raws in gone.items():  # the archive keeps what retention deletes
-                events.trimmed(self, raws, dlq=dlq, why=why)
+                self.archive.trimmed(raws, dlq=dlq, why=why)
         if trimmed:
-            self.client.hincrby(self.keys.stats, STAT_TRIMMED, trimmed)
+            self.client.hincrby(self.keys.stats, Stat.TRIMMED, trimmed)
         return trimmed
 
     def _victims(self, keys: list[str], max_length: int | None, cutoff: float | None,
                  most: int) -> list[tuple[str, bytes, str]]:
         """The oldest messages to trim now: ``(key, raw, why)``, from each sub-list's right end."""
-        pipe = self.broker.pipeline(transaction=False)
-        for key in keys:
-            pipe.llen(key)
-            pipe.lrange(key, -PAGE, -1)
-        replies = pipe.execute()
-        lengths, pages = dict(zip(keys, replies[0::2])), dict(zip(keys, replies[1::2]))
+        read = oldest_pages(self.broker, keys, PAGE)
+        lengths = {key: length for key, (length, _) in read.items()}
+        pages = {key: page for key, (_, page) in read.items()}
         excess = max(0, sum(lengths.values()) - max_length) if max_length is not None else 0
         taken: Counter = Counter()
         victims = []
@@ -130,15 +116,13 @@ class Retention:
         return victims
 
     def _log(self, dlq: str, raw: bytes, why: str) -> None:
-        try:
-            headers = json.loads(raw).get("headers") or {}
-        except (ValueError, AttributeError):
-            headers = {}
+        headers = decode_raw(raw).headers
         limit = "over its dead_letter_max_length" if why == "max_length" else "older than its dead_letter_ttl"
         logger.warning("celery-dlq: trimmed dead letter %s[%s] from %s: %s", headers.get("task"),
                        headers.get("id"), dlq, limit)
 
 
 def _oldest_first(key: str, page: list[bytes]) -> Iterator[tuple[float, str, bytes]]:
-    for raw in reversed(page):
-        yield dead_lettered_at(raw), key, raw
+    """A page (oldest first) keyed by ``x-dlq-dead-lettered-at``; a message without one sorts oldest (0)."""
+    for raw in page:
+        yield decode_raw(raw).dead_lettered_at or 0.0, key, raw

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,8 +40,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from celery_dlq import headers as H
-from celery_dlq.errors import DLQError
-from celery_dlq.events import EventLog, event_of, letter_from_raw, parse_id
+from celery_dlq.analytics.fs import filesystem, read_bytes, write_bytes
+from celery_dlq.errors import ExportError
+from celery_dlq.message import Envelope, as_text, decode_raw
+from celery_dlq.ops.operator import Operator
+from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
 
 logger = logging.getLogger(__name__)
 
@@ -54,31 +56,36 @@ SNAPSHOT_TYPE = "in_dlq"
 US_PER_DAY = 86_400_000_000
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-#: The columns of every event file (``dt`` and ``queue`` are in the path).
-EVENT_SCHEMA = pa.schema([
-    ("event_id", pa.string()),          # the stream id, "<ms>-<seq>": unique, ordered
-    ("event_type", pa.string()),
-    ("ts", TIMESTAMP),
-    ("task_id", pa.string()),
-    ("task_name", pa.string()),
-    ("dlq", pa.string()),
-    ("delivery", pa.int32()),
-    ("reason", pa.string()),
-    ("exception_type", pa.string()),
-    ("exception_message", pa.string()),
-    ("first_failure_at", TIMESTAMP),
-    ("due_at", TIMESTAMP),
-    ("payload_size", pa.int64()),
-    ("payload_hash", pa.string()),
-    ("worker", pa.string()),
-    ("record", pa.string()),            # the dead-letter record, JSON (Envelope.dumps)
-])
-PARTITION_SCHEMA = pa.schema([("dt", pa.string()), ("queue", pa.string())])
-SNAPSHOT_SCHEMA = EVENT_SCHEMA.append(pa.field("queue", pa.string())).append(pa.field("snapshot_at", TIMESTAMP))
+#: Field kind (``celery_dlq.redis.archive.Field.kind``) -> Arrow type.
+ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "timestamp": TIMESTAMP}
 
 
-class ExportError(DLQError):
-    """The destination holds something else, or its checkpoint is unreadable."""
+def event_schema(schema: Iterable[Field] = SCHEMA) -> pa.Schema:
+    """The columns of an event file: the stream id, then the non-partition fields in schema order."""
+    return pa.schema([(ID_COLUMN, pa.string())] + [(f.column, ARROW_TYPES[f.kind]) for f in schema if not f.partition])
+
+
+def partition_schema(schema: Iterable[Field] = SCHEMA) -> pa.Schema:
+    """The Hive directories of the event files: the UTC date, then the partition fields."""
+    return pa.schema([(DATE_PARTITION, pa.string())] + [(f.column, ARROW_TYPES[f.kind]) for f in schema if f.partition])
+
+
+def stream_fields(schema: Iterable[Field] = SCHEMA) -> tuple[tuple[str, str], ...]:
+    """Stream field -> column: the non-partition fields in schema order, then the partition ones."""
+    return tuple((f.name, f.column) for f in sorted(schema, key=lambda f: f.partition))  # sorted() is stable
+
+
+#: The columns of every event file (the partitions are in the path), derived from ``archive.SCHEMA``.
+EVENT_SCHEMA = event_schema()
+PARTITION_SCHEMA = partition_schema()
+#: A snapshot file: the event columns, the partitions but the date, and when it was taken.
+SNAPSHOT_SCHEMA = pa.schema([*EVENT_SCHEMA, *(f for f in PARTITION_SCHEMA if f.name != DATE_PARTITION),
+                             pa.field("snapshot_at", TIMESTAMP)])
+#: Stream field -> column, in EVENT_SCHEMA's order after event_id, then the partitions (``Event.to_fields``).
+STREAM_FIELDS = stream_fields()
+_KEYS = tuple(name.encode() for name, _ in STREAM_FIELDS)
+#: The partition columns event_table computes from stream fields (the date comes from ``ts``).
+_PARTITIONS = tuple(f for f in PARTITION_SCHEMA if f.name != DATE_PARTITION)
 
 
 @dataclass(frozen=True)
@@ -98,31 +105,6 @@ class ExportResult:
                 "events_lost": self.events_lost,
                 "snapshot_rows": self.snapshot_rows, "snapshot_file": self.snapshot_file,
                 "seconds": round(self.seconds, 3)}
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """``(filesystem, path)`` of a local path or a URI (``s3a://`` is read as ``s3://``)."""
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    if uri.startswith("s3a://"):
-        uri = "s3://" + uri[len("s3a://"):]
-    return pafs.FileSystem.from_uri(uri)
-
-
-def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write a whole small file, replacing it (by rename where the filesystem has one)."""
-    fs.create_dir(os.path.dirname(path) or ".", recursive=True)
-    tmp = f"{os.path.dirname(path)}/_tmp-{os.getpid()}-{os.path.basename(path)}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, path)
-
-
-def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
 
 
 @dataclass
@@ -161,15 +143,6 @@ class Checkpoint:
 
 # -- events -> Arrow ------------------------------------------------------------
 
-#: Stream field -> column, in EVENT_SCHEMA's order after event_id (``events.Event.to_fields``).
-STREAM_FIELDS = (("type", "event_type"), ("ts_us", "ts"), ("task_id", "task_id"), ("task_name", "task_name"),
-                 ("dlq", "dlq"), ("delivery", "delivery"), ("reason", "reason"),
-                 ("exception_type", "exception_type"), ("exception_message", "exception_message"),
-                 ("first_failure_us", "first_failure_at"), ("due_us", "due_at"), ("payload_size", "payload_size"),
-                 ("payload_hash", "payload_hash"), ("worker", "worker"), ("record", "record"), ("queue", "queue"))
-_KEYS = tuple(name.encode() for name, _ in STREAM_FIELDS)
-
-
 def _column(values: tuple, field: pa.Field) -> pa.Array:
     """Raw stream values (bytes or None) as a column of ``field``'s type, vectorized by Arrow."""
     raw = pa.array(values, pa.binary())
@@ -194,19 +167,22 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def event_table(entries: list[tuple[str, Mapping[Any, Any]]]) -> pa.Table:
-    """Stream entries ``(id, fields)`` as an Arrow table of ``EVENT_SCHEMA`` plus ``dt`` and ``queue``."""
+    """Stream entries ``(id, fields)`` as an Arrow table of ``EVENT_SCHEMA`` plus the partitions (dt, queue)."""
     rows = [_values(f) for _, f in entries]
     columns = list(zip(*rows)) if rows else [()] * len(_KEYS)
     names = [column for _, column in STREAM_FIELDS]
-    arrays = {"event_id": pa.array([entry_id for entry_id, _ in entries], pa.string())}
-    schema = EVENT_SCHEMA.append(pa.field("queue", pa.string()))
+    arrays = {ID_COLUMN: pa.array([entry_id for entry_id, _ in entries], pa.string())}
+    schema = pa.schema([*EVENT_SCHEMA, *_PARTITIONS])
     for name, values in zip(names, columns):
         arrays[name] = _column(values, schema.field(name))
     arrays["event_type"] = pc.fill_null(arrays["event_type"], "")
     arrays["ts"] = pc.fill_null(arrays["ts"].cast(pa.int64()), 0).cast(TIMESTAMP)
     days = pc.divide(arrays["ts"].cast(pa.int64()), US_PER_DAY).cast(pa.int32()).cast(pa.date32())
     table = pa.table([arrays[name] for name in EVENT_SCHEMA.names], schema=EVENT_SCHEMA)
-    return table.append_column("dt", days.cast(pa.string())).append_column("queue", arrays["queue"])
+    table = table.append_column(DATE_PARTITION, days.cast(pa.string()))
+    for field in _PARTITIONS:
+        table = table.append_column(field, arrays[field.name])
+    return table
 
 
 def _values(fields: Mapping[Any, Any]) -> list:
@@ -271,8 +247,8 @@ class StreamState:
                 return None
             raise
         first = info.get("first-entry")
-        return cls(last_id=_text(info["last-generated-id"]), length=int(info["length"]),
-                   first_id=_text(first[0]) if first else None,
+        return cls(last_id=as_text(info["last-generated-id"]), length=int(info["length"]),
+                   first_id=as_text(first[0]) if first else None,
                    added=int(info["entries-added"]) if info.get("entries-added") is not None else None)
 
     def lost_after(self, checkpoint: Checkpoint) -> int | None:
@@ -286,10 +262,6 @@ class StreamState:
         if checkpoint.added is None:
             return None
         return max(0, self.added - checkpoint.added - self.length)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
@@ -351,18 +323,28 @@ def snapshot_table(letters: Iterable[tuple[str, bytes]], snapshot_at_us: int) ->
     """``(dlq name, raw DLQ element)`` pairs as rows of ``SNAPSHOT_SCHEMA`` (type ``in_dlq``)."""
     rows: list[tuple[str, Mapping]] = []
     for n, (dlq, raw) in enumerate(letters):
-        try:
-            envelope = letter_from_raw(raw)
-        except (ValueError, TypeError, AttributeError):
+        envelope = _readable(raw)
+        if envelope is None:
             logger.warning("celery-dlq export: skipping an unreadable message in %s", dlq)
             continue
         at = envelope.headers.get(H.DEAD_LETTERED_AT)
         event = event_of(SNAPSHOT_TYPE, envelope, ts=at if at is not None else snapshot_at_us / 1e6,
                          dlq=dlq, with_record=True)
         rows.append((f"snapshot:{dlq}:{n}", event.to_fields()))
-    table = event_table(rows).drop_columns(["dt"])
+    table = event_table(rows).drop_columns([DATE_PARTITION])
     at = pa.array([snapshot_at_us] * table.num_rows, TIMESTAMP)
     return table.append_column("snapshot_at", at)
+
+
+def _readable(raw: bytes | str) -> Envelope | None:
+    """A DLQ element as an Envelope; None when it is not a kombu message (not a JSON object, a bad body)."""
+    message = decode_raw(raw)
+    if not message.doc:
+        return None
+    try:
+        return message.as_envelope()
+    except (ValueError, TypeError):  # e.g. a body that is neither text nor bytes
+        return None
 
 
 def export_snapshot(letters: Iterable[tuple[str, bytes]], out: str, *, now: float | None = None,
@@ -394,23 +376,23 @@ def _write_snapshot_chunk(writer: pq.ParquetWriter, chunk: list, at_us: int) -> 
 
 
 def dlq_contents(operator: Any) -> Iterable[tuple[str, bytes]]:
-    """Every dead letter in every DLQ the operator tools know (``celery_dlq.manage.Operator``)."""
+    """Every dead letter in every DLQ the operator tools know (:class:`celery_dlq.ops.operator.Operator`)."""
     for name in sorted(operator.known(operator.parked.store.counts_by_queue())):
         for letter in operator.queue(name).entries():
             yield name, letter.raw
 
 
 def export_app(app: Any, out: str, *, snapshot: bool = False, now: float | None = None) -> ExportResult:
-    """``celery dlq export``: the app's event stream, and with ``snapshot`` its DLQs' contents."""
-    from celery_dlq.extension import get_dlq
+    """``celery dlq export``: the app's event stream, and with ``snapshot`` its DLQs' contents.
 
-    dlq = get_dlq(app)
-    result = export_events(dlq.client, dlq.keys, out)
+    Reads the app's settings and connects to Redis as the operator tools do;
+    installs nothing on the app.
+    """
+    operator = Operator(app)
+    result = export_events(operator.client, operator.keys, out)
     if not snapshot:
         return result
-    from celery_dlq.manage import Operator
-
-    rows, path = export_snapshot(dlq_contents(Operator(app, client=dlq.client)), out, now=now)
+    rows, path = export_snapshot(dlq_contents(operator), out, now=now)
     return ExportResult(rows=result.rows, files=result.files, last_id=result.last_id,
                         events_lost=result.events_lost,
                         snapshot_rows=rows, snapshot_file=path, seconds=result.seconds)

@@ -1,6 +1,6 @@
 """Parked retries as an operator sees them: list, redeliver now, delete.
 
-The delayed store (:mod:`celery_dlq.store`) holds each retry as an entry
+The delayed store (:mod:`celery_dlq.redis.store`) holds each retry as an entry
 (``<task id>:<next delivery>``) with its message; here an entry is shown
 with what an operator asks first (which task, when due, what failed last)
 and addressed by entry id or by task id, as Sidekiq's ``RetrySet`` is. It
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from celery_dlq import headers as H
-from celery_dlq.deadletter_queue import ForceRequired
-from celery_dlq.envelope import Envelope
-from celery_dlq.store import DelayedStore
+from celery_dlq.errors import ForceRequired
+from celery_dlq.message import Envelope
+from celery_dlq.redis.store import DelayedStore
 
 
 @dataclass(frozen=True)

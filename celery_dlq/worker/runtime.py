@@ -1,44 +1,74 @@
-"""The per-app runtime: settings, the Redis client, the store, the dead-letterer.
+"""The per-app runtime inside a worker: settings, Redis connections, the store, counters, archive, dead-letterer.
 
-:func:`install` attaches one :class:`DLQ` to an app and adds the worker's
-consumer bootsteps. Every Redis connection is made lazily and per process, so
+:func:`celery_dlq.worker.install.install` builds one :class:`Runtime` per app
+and hands it to the consumer bootsteps; the Task, Request and Strategy
+classes (which Celery instantiates itself) find it on their app with
+:func:`runtime_of`. Every Redis connection is made lazily and per process, so
 prefork children never share a socket with their parent.
+
+A message's context (its queue, policy, delivery number and captured
+envelope) is resolved once per message, by :meth:`Runtime.context`.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-import redis
-
-from celery_dlq import events
 from celery_dlq import headers as H
-from celery_dlq.deadletter import DeadLetterer
-from celery_dlq.envelope import Envelope
-from celery_dlq.keys import Keys, Scripts
-from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.message import Envelope, queue_of
+from celery_dlq.policy import RedeliveryPolicy, validate_fields
+from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
+from celery_dlq.redis.client import worker_client
+from celery_dlq.redis.counters import DeliveryCounters
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import Scripts
+from celery_dlq.redis.store import DelayedStore
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
-from celery_dlq.store import DelayedStore
+from celery_dlq.worker.deadletter import DeadLetterer
 
 logger = logging.getLogger(__name__)
 
 #: ``Envelope.extra`` key: the delivery tag of the consumed message a parked copy came from.
 SOURCE_TAG = "source_delivery_tag"
-
+#: The app attribute holding its runtime.
 ATTR = "_celery_dlq"
+#: Tasks whose class sets this attribute true are managed by celery-dlq (``RedeliveryTask`` does).
+MANAGED = "celery_dlq_managed"
 
 
-class DLQ:
-    """celery-dlq's state for one app, built on first use."""
+@dataclass(frozen=True)
+class MessageContext:
+    """One consumed message as the engine needs it, resolved once: where it came from, its policy, its delivery."""
+
+    envelope: Envelope
+    queue: str
+    policy: RedeliveryPolicy
+    delivery: int
+
+
+def is_managed(task: Any) -> bool:
+    """Whether ``task`` is a celery-dlq task (a ``RedeliveryTask`` or a subclass)."""
+    return bool(getattr(task, MANAGED, False))
+
+
+def task_policy_fields(task: Any) -> dict[str, Any]:
+    spec = getattr(task, "redelivery_policy", None) if task is not None else None
+    if spec is None:
+        return {}
+    return validate_fields(spec, f"task {getattr(task, 'name', task)!r} redelivery_policy")
+
+
+class Runtime:
+    """celery-dlq's state for one app in one worker, its Redis half built on first use in each process."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.installed = False
         self._settings: DLQSettings | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
@@ -61,8 +91,8 @@ class DLQ:
         """
         self._settings = DLQSettings.from_conf(self.app.conf)
         queues = list(self.app.amqp.queues) or [self.app.conf.task_default_queue]
-        for name, task in list(self.app.tasks.items()):
-            if getattr(task, "redelivery_policy", None) is None and not is_redelivery_task(task):
+        for task in list(self.app.tasks.values()):
+            if getattr(task, "redelivery_policy", None) is None and not is_managed(task):
                 continue
             for queue in queues:
                 self.policy(task, queue)
@@ -73,16 +103,24 @@ class DLQ:
         task_obj = self.app.tasks.get(name) if isinstance(task, str) else task
         return self.settings.policy_for(name, queue, lambda: task_policy_fields(task_obj))
 
+    def context(self, task: Any, message: Any, headers: Mapping[str, Any] | None = None) -> MessageContext:
+        """The context of a consumed kombu ``message`` of ``task``; ``headers`` (default the message's) give the delivery."""
+        queue = queue_of(self.app, message.delivery_info)
+        return MessageContext(Envelope.from_message(message, queue), queue, self.policy(task, queue),
+                              H.delivery_count_of(message.headers if headers is None else headers))
+
     # -- Redis --------------------------------------------------------------
 
     def _connect(self) -> None:
         settings = self.settings
-        self._client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        self._client = worker_client(settings.redis_url)
         self.keys = Keys(settings.key_prefix, settings.global_keyprefix)
-        self.scripts = Scripts(self._client)
+        scripts = Scripts(self._client)
         self._store = DelayedStore(self._client, self.keys)
-        self._deadletterer = DeadLetterer(self.app, self._client, self.keys, settings.audit_ttl)
-        self._spent: collections.deque[str] = collections.deque()
+        self._counters = DeliveryCounters(self._client, self.keys, scripts, settings.delivery_count_ttl)
+        self._archive = EventLog(self._client, self.keys, settings.events_max_length)
+        self._deadletterer = DeadLetterer(self.app, self._client, self.keys, audit_ttl=settings.audit_ttl,
+                                          archive=self._archive, redis_url=settings.redis_url)
         self._pid = os.getpid()
 
     def _ensure(self) -> None:
@@ -92,7 +130,7 @@ class DLQ:
                     self._connect()
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         self._ensure()
         return self._client
 
@@ -102,58 +140,21 @@ class DLQ:
         return self._store
 
     @property
+    def counters(self) -> DeliveryCounters:
+        self._ensure()
+        return self._counters
+
+    @property
+    def archive(self) -> EventLog:
+        self._ensure()
+        return self._archive
+
+    @property
     def deadletterer(self) -> DeadLetterer:
         self._ensure()
         return self._deadletterer
 
     # -- operations ---------------------------------------------------------
-
-    def _counter_key(self, task_id: str, tag: Any) -> str:
-        return self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
-
-    def count_delivery(self, task_id: str, tag: Any, floor: int) -> int:
-        """Count a repeated (``redelivered``) delivery of a message instance; return its number (> ``floor`` when unrecorded)."""
-        self._ensure()
-        return self.scripts.count_delivery(self._counter_key(task_id, tag), floor,
-                                           int(self.settings.delivery_count_ttl))
-
-    def forget_delivery(self, task_id: str, tag: Any) -> None:
-        """The message was acknowledged: its delivery counter is no longer needed.
-
-        A counter only matters while its message may be delivered again (a
-        lost worker, kombu's visibility timeout). Left alone, every delivery
-        would leave one behind for ``dlq_delivery_count_ttl``: at 1,000 tasks/s
-        and 7 days, hundreds of millions of keys. Keys are queued here and
-        deleted in batches by the mover thread, off the consumer's path.
-        """
-        self._ensure()
-        self._spent.append(self._counter_key(task_id, tag))
-
-    def uncount_deliveries(self, messages: list[tuple[str, Any, int]]) -> None:
-        """``(task id, delivery tag, delivery number)`` of messages that never started: take those deliveries back.
-
-        Each counter is set to one less than the delivery it recorded (0 for a
-        first delivery), so the message's next, restored delivery counts as the
-        same number again.
-        """
-        self._ensure()
-        ttl = max(1, int(self.settings.delivery_count_ttl))
-        pipe = self._client.pipeline(transaction=False)
-        for task_id, tag, delivery in messages:
-            pipe.set(self._counter_key(task_id, tag), max(0, int(delivery) - 1), ex=ttl)
-        pipe.execute()
-
-    def flush_spent_counters(self, batch: int = 1000) -> int:
-        """Delete the counters of acknowledged messages, ``batch`` keys per round trip."""
-        self._ensure()
-        deleted = 0
-        while self._spent:
-            keys = []
-            while self._spent and len(keys) < batch:
-                keys.append(self._spent.popleft())
-            self._client.unlink(*keys)
-            deleted += len(keys)
-        return deleted
 
     def park(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
@@ -169,9 +170,9 @@ class DLQ:
             routing_key=envelope.routing_key, failure=failure, now=now))
         if envelope.delivery_tag:  # which consumed instance this copy came from (see _park_once)
             copy = replace(copy, extra={**copy.extra, SOURCE_TAG: envelope.delivery_tag})
-        event, max_length = events.parked_fields(self, copy, failure=failure, delivery=delivery, due=due, now=now)
+        event, max_length = self.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
         if event and event.get("payload_hash"):  # the redelivered event reuses it (no second parse and hash)
-            copy = replace(copy, extra={**copy.extra, events.PAYLOAD_HASH: event["payload_hash"]})
+            copy = replace(copy, extra={**copy.extra, PAYLOAD_HASH: event["payload_hash"]})
         if not self._park_once(copy, envelope, nxt, due, event, max_length):
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
@@ -203,51 +204,13 @@ class DLQ:
         return self.deadletterer.dead_letter(envelope, **kwargs)
 
 
-def install(app: Any, validate: bool = True) -> DLQ:
-    """Enable celery-dlq on ``app``: idempotent; adds the worker bootsteps, validates settings.
-
-    Settings are validated now (unless ``validate=False``: binding a
-    ``RedeliveryTask`` installs that way, since the app may not be configured
-    yet), and always again when a worker starts, so a bad setting stops the
-    worker with the setting's name.
-    """
-    dlq = app.__dict__.get(ATTR)
-    if dlq is None:
-        from celery_dlq.guard import Guard
-        from celery_dlq.mover import Mover
-
-        dlq = DLQ(app)
-        setattr(app, ATTR, dlq)
-        app.steps["consumer"].add(Guard)
-        app.steps["consumer"].add(Mover)
-    if validate:
-        dlq.validate()
-    return dlq
-
-
-def get_dlq(app: Any) -> DLQ:
-    dlq = app.__dict__.get(ATTR)
-    return dlq if dlq is not None else install(app, validate=False)
-
-
-def resolve_policy(app: Any, task_name: str, queue: str | None) -> RedeliveryPolicy:
-    """The effective :class:`RedeliveryPolicy` of a task on a queue (cached per pair)."""
-    return get_dlq(app).policy(task_name, queue)
-
-
-def task_policy_fields(task: Any) -> dict[str, Any]:
-    from celery_dlq.policy import validate_fields
-
-    spec = getattr(task, "redelivery_policy", None) if task is not None else None
-    if spec is None:
-        return {}
-    return validate_fields(spec, f"task {getattr(task, 'name', task)!r} redelivery_policy")
-
-
-def is_redelivery_task(task: Any) -> bool:
-    from celery_dlq.task import RedeliveryTask
-
-    return isinstance(task, RedeliveryTask)
+def runtime_of(app: Any) -> Runtime:
+    """The app's runtime, made on first use (``install()`` makes it and adds the worker bootsteps)."""
+    runtime = app.__dict__.get(ATTR)
+    if runtime is None:
+        runtime = Runtime(app)
+        setattr(app, ATTR, runtime)
+    return runtime
 
 
 def delivery_count(request: Any) -> int:

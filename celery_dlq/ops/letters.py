@@ -5,22 +5,22 @@ the ``x-dlq-*`` history read from its headers and its arguments decoded only
 when ``accept_content`` allows (listing a DLQ must never unpickle). A
 selection is anything with ``matches(letter)``: :class:`Filter` (fields such
 as task name, reason, time) or :class:`TaskIds` (a set of task ids, served in
-one pass). :mod:`celery_dlq.deadletter_queue` reads, replays and purges what
+one pass). :mod:`celery_dlq.ops.queue` reads, replays and purges what
 they select; nothing here talks to Redis.
 """
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable, Protocol
 
 from kombu.serialization import loads
-from kombu.utils import json
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
-from celery_dlq.envelope import TaskIdentity
 from celery_dlq.matching import Pattern
+from celery_dlq.message import RawMessage, TaskIdentity, decode_raw, task_arguments
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,19 @@ class DeadLetter(TaskIdentity):
 
     @classmethod
     def parse(cls, queue: str, key: str, raw: bytes, accept: frozenset) -> DeadLetter:
-        try:
-            message = json.loads(raw)
-        except ValueError:
-            message = None
-        return cls(queue, key, raw, message if isinstance(message, dict) else {}, accept)
+        return cls(queue, key, raw, decode_raw(raw).doc, accept)
+
+    @cached_property
+    def decoded(self) -> RawMessage:
+        return RawMessage(self.message)
 
     @property
-    def headers(self) -> dict:
-        return self.message.get("headers") or {}
+    def headers(self) -> dict:  # type: ignore[override]
+        return self.decoded.headers
 
     @property
-    def properties(self) -> dict:
-        return self.message.get("properties") or {}
+    def properties(self) -> dict:  # type: ignore[override]
+        return self.decoded.properties
 
     def header(self, name: str) -> Any:
         return self.headers.get(name)
@@ -63,23 +63,15 @@ class DeadLetter(TaskIdentity):
 
     @property
     def dead_lettered_at(self) -> float | None:
-        value = self.headers.get(H.DEAD_LETTERED_AT)
-        return float(value) if isinstance(value, (int, float)) else None
+        return self.decoded.dead_lettered_at
 
     @property
     def body(self) -> bytes:
-        body = self.message.get("body") or ""
-        body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-        if self.properties.get("body_encoding") == "base64":
-            try:
-                return base64.b64decode(body, validate=True)
-            except ValueError:
-                pass  # not what it claims: show it as stored
-        return body
+        return self.decoded.body
 
     @property
     def content_type(self) -> str:
-        return self.message.get("content-type") or "application/data"
+        return self.decoded.content_type or "application/data"
 
     def arguments(self) -> tuple[list, dict] | None:
         """``(args, kwargs)``, only when ``accept_content`` allows the content type, else None.
@@ -90,14 +82,10 @@ class DeadLetter(TaskIdentity):
         if self.content_type not in self.accept:
             return None
         try:
-            body = loads(self.body, self.content_type, self.message.get("content-encoding"), accept=self.accept)
-            if isinstance(body, (list, tuple)) and len(body) >= 2:   # protocol 2: [args, kwargs, embed]
-                return list(body[0] or ()), dict(body[1] or {})
-            if isinstance(body, dict) and "args" in body:            # protocol 1
-                return list(body.get("args") or ()), dict(body.get("kwargs") or {})
+            return task_arguments(loads(self.body, self.content_type, self.decoded.content_encoding,
+                                        accept=self.accept))
         except Exception:  # undecodable or not a task body: shown raw
-            pass
-        return None
+            return None
 
     def as_dict(self) -> dict:
         arguments = self.arguments()

@@ -2,8 +2,12 @@
 
 Events go to a capped Redis Stream, ``{<prefix>}:events`` (``Keys.events``),
 with ``XADD ... MAXLEN ~ dlq_events_max_length`` (0 turns the archive off).
-``celery dlq export`` copies the stream to Parquet (:mod:`celery_dlq.export`),
-and the Spark report (:mod:`celery_dlq.analytics`) reads that. A dead letter's
+``celery dlq export`` copies the stream to Parquet (:mod:`celery_dlq.analytics.export`),
+and the Spark report (:mod:`celery_dlq.analytics`) reads that.
+
+**The event schema is defined here once** (:data:`SCHEMA`): the stream
+fields of :class:`Event`, the Parquet columns export writes and the Spark
+DDL the report reads are all derived from it. A dead letter's
 event carries the whole dead-letter record (:meth:`Envelope.dumps`: headers,
 body base64), so the archive outlives a purge, a replay or a trim of the DLQ.
 
@@ -12,36 +16,21 @@ them in one command (one ``XADD``, or one pipeline for a mover's batch), and
 any error is logged and swallowed. The engine's own write (the parked copy,
 the dead letter) has already succeeded when a hook runs.
 
-**The payload hash** (``payload_hash``) spots a payload that keeps failing:
-SHA-256 over the task name and the message's arguments, 32 hex characters.
-For a JSON body (Celery's default) the arguments are ``[args, kwargs]``
-parsed with the standard ``json`` module and re-serialized canonically
-(sorted keys, no whitespace), so the same call hashes the same whatever the
-client's key order or Celery's ``embed`` (callbacks, chain) part. Any other
-content type (pickle, yaml, msgpack, ...) is hashed as its raw body bytes:
-decoding it would mean deserializing untrusted data, and pickle is never
-loaded here. The two kinds never collide (the hash input says which it is).
+The payload hash of each event is :func:`celery_dlq.message.payload_hash`.
 """
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from celery_dlq import headers as H
-from celery_dlq.envelope import Envelope
+from celery_dlq.message import Envelope, as_text as _text, decode_raw, payload_hash
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-#: JSON bodies larger than this are hashed as raw bytes (bounds the hook's cost).
-MAX_PARSED_BODY = 1024 * 1024
-JSON_TYPES = ("application/json",)
 #: ``Envelope.extra`` key: a parked copy carries its payload hash, so the mover's events need not hash again.
 PAYLOAD_HASH = "payload_hash"
 
@@ -58,6 +47,47 @@ class EventType:
     PURGED = "purged"                # an operator deleted it from its DLQ
 
     ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of an event: its name in the stream (and on :class:`Event`), its exported column, its kind.
+
+    Kinds: ``string``, ``int`` (32 bits), ``bigint`` (64 bits), ``timestamp``
+    (integer microseconds since the epoch in the stream; a UTC timestamp as a
+    column). ``partition`` fields are directories of the export, not columns
+    of its files.
+    """
+
+    name: str
+    column: str
+    kind: str
+    partition: bool = False
+
+
+#: THE event schema, in :class:`Event`'s field order. Export's Arrow schema and the report's Spark DDL derive from it.
+SCHEMA: tuple[Field, ...] = (
+    Field("type", "event_type", "string"),
+    Field("ts_us", "ts", "timestamp"),
+    Field("task_id", "task_id", "string"),
+    Field("task_name", "task_name", "string"),
+    Field("queue", "queue", "string", partition=True),   # the original queue
+    Field("dlq", "dlq", "string"),
+    Field("delivery", "delivery", "int"),
+    Field("reason", "reason", "string"),
+    Field("exception_type", "exception_type", "string"),
+    Field("exception_message", "exception_message", "string"),
+    Field("first_failure_us", "first_failure_at", "timestamp"),
+    Field("due_us", "due_at", "timestamp"),
+    Field("payload_size", "payload_size", "bigint"),
+    Field("payload_hash", "payload_hash", "string"),
+    Field("worker", "worker", "string"),
+    Field("record", "record", "string"),                # the dead-letter record, JSON (Envelope.dumps)
+)
+#: The exported event's id column: the stream id, ``<ms>-<seq>`` (unique and ordered).
+ID_COLUMN = "event_id"
+#: The export's date partition: the event's UTC date, ``YYYY-MM-DD``.
+DATE_PARTITION = "dt"
 
 
 @dataclass(frozen=True)
@@ -115,7 +145,9 @@ class Event:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Event))
-_INT_FIELDS = frozenset({"ts_us", "delivery", "first_failure_us", "due_us", "payload_size"})
+_INT_FIELDS = frozenset(f.name for f in SCHEMA if f.kind != "string")
+if _FIELD_NAMES != tuple(f.name for f in SCHEMA):  # pragma: no cover - a schema edit must change both
+    raise RuntimeError("celery_dlq.redis.archive: Event's fields and SCHEMA disagree")
 
 
 def _int(value: str) -> int | None:
@@ -123,10 +155,6 @@ def _int(value: str) -> int | None:
         return int(value)
     except ValueError:
         return None
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
 def to_us(seconds: Any) -> int | None:
@@ -139,79 +167,19 @@ def to_us(seconds: Any) -> int | None:
         return None
 
 
-# -- the payload hash -----------------------------------------------------------
-
-def payload_hash(task_name: str | None, body: bytes, content_type: str | None = None,
-                 content_encoding: str | None = None) -> str:
-    """A stable 32-hex-digit hash of task name + arguments (see the module docstring)."""
-    canonical = _json_arguments(body, content_type, content_encoding)
-    digest = hashlib.sha256()
-    digest.update(b"json\0" if canonical is not None else b"raw\0")
-    digest.update((task_name or "").encode("utf-8"))
-    digest.update(b"\0")
-    digest.update(canonical if canonical is not None else bytes(body or b""))
-    return digest.hexdigest()[:32]
-
-
-def _json_arguments(body: bytes, content_type: str | None, content_encoding: str | None) -> bytes | None:
-    """``[args, kwargs]`` as canonical JSON bytes, or None when the body is not plain JSON."""
-    if (content_type or "").split(";")[0].strip().lower() not in JSON_TYPES:
-        return None
-    if (content_encoding or "utf-8").lower().replace("_", "-") not in ("utf-8", "utf8", "binary"):
-        return None
-    if not body or len(body) > MAX_PARSED_BODY:
-        return None
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if isinstance(doc, list) and len(doc) >= 2:          # protocol 2: [args, kwargs, embed]
-        arguments = [doc[0], doc[1]]
-    elif isinstance(doc, dict) and "args" in doc:         # protocol 1
-        arguments = [doc.get("args"), doc.get("kwargs")]
-    else:
-        arguments = [doc, None]
-    try:
-        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
 # -- building events --------------------------------------------------------------
 
-def letter_from_raw(raw: bytes | str) -> Envelope:
-    """A dead letter as kombu's Redis transport stores it (a DLQ list element), as an Envelope.
-
-    Its exchange, routing key and queue are the message's original ones (from
-    the ``x-dlq-*`` headers), so :meth:`Envelope.publish` sends it home.
-    """
-    message = json.loads(raw)
-    headers = message.get("headers") or {}
-    properties = message.get("properties") or {}
-    body = message.get("body") or ""
-    if properties.get("body_encoding") == "base64":
-        body_bytes = base64.b64decode(body)
-    else:
-        body_bytes = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    queue = headers.get(H.ORIGINAL_QUEUE) or ""
-    return Envelope(
-        body=body_bytes, content_type=message.get("content-type"),
-        content_encoding=message.get("content-encoding"), headers=headers,
-        properties={k: properties[k] for k in ("correlation_id", "reply_to", "priority", "delivery_mode")
-                    if properties.get(k) is not None},
-        exchange=headers.get(H.ORIGINAL_EXCHANGE) or "",
-        routing_key=headers.get(H.ORIGINAL_ROUTING_KEY) or queue, queue=queue)
-
-
 def _as_envelope(letter: Any) -> Envelope:
+    """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw`` (``ops.DeadLetter``)."""
     if isinstance(letter, Envelope):
         return letter
-    if isinstance(letter, (bytes, bytearray, str)):
-        return letter_from_raw(letter)
-    raw = getattr(letter, "raw", None)          # celery_dlq.manage.DeadLetter
-    if raw is not None:
-        return letter_from_raw(raw)
-    raise TypeError(f"not a dead letter: {type(letter).__name__}")
+    raw = letter if isinstance(letter, (bytes, bytearray, str)) else getattr(letter, "raw", None)
+    if raw is None:
+        raise TypeError(f"not a dead letter: {type(letter).__name__}")
+    message = decode_raw(raw)
+    if not message.doc:
+        raise ValueError("not a kombu message (not a JSON object)")
+    return message.as_envelope()
 
 
 def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str = "",
@@ -246,7 +214,70 @@ def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str
 
 # -- the stream -----------------------------------------------------------------
 
-class EventLog:
+class _Hooks:
+    """The archive's hooks, one call in the engine or the operator tools each: build events, append, never raise."""
+
+    def _hook(self, kind: str, build: Any) -> int:
+        try:
+            if not self.enabled:  # type: ignore[attr-defined]
+                return 0
+            return self.append(build())  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("celery-dlq: could not archive a %s event; carrying on", kind)
+            return 0
+
+    def parked_fields(self, copy: Envelope, *, failure: Mapping[str, str], delivery: int,
+                      due: float, now: float) -> tuple[dict[str, str] | None, int]:
+        """The ``parked`` event's stream fields and the archive's cap, for the park script to append.
+
+        Delivery ``delivery`` failed; ``copy`` (the parked message) comes back
+        at ``due``. ``(None, 0)`` when the archive is off or the event cannot
+        be built (logged: the archive never stops a park).
+        """
+        if not self.enabled:  # type: ignore[attr-defined]
+            return None, 0
+        try:
+            event = event_of(EventType.PARKED, copy, ts=now, delivery=delivery, failure=failure, due=due)
+            return event.to_fields(), self.max_length  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("celery-dlq: could not build a parked event; carrying on")
+            return None, 0
+
+    def redelivered(self, envelopes: Iterable[Envelope], now: float | None = None) -> int:
+        """The mover published these messages (the parked copies, decoded) back to their queues."""
+        now = time.time() if now is None else now
+        return self._hook(EventType.REDELIVERED,
+                          lambda: [event_of(EventType.REDELIVERED, envelope, ts=now) for envelope in envelopes])
+
+    def dead_lettered(self, letter: Envelope, dlq: str) -> int:
+        """``letter`` (with its dead-letter headers) was published to ``dlq``."""
+        return self._hook(EventType.DEAD_LETTERED, lambda: [event_of(
+            EventType.DEAD_LETTERED, letter, ts=letter.headers.get(H.DEAD_LETTERED_AT), dlq=dlq, with_record=True)])
+
+    def dropped(self, envelope: Envelope, *, reason: str, failure: Mapping[str, str], delivery: int,
+                now: float | None = None) -> int:
+        """The last delivery failed and the policy says ``dead_letter=False``: the message is gone."""
+        return self._hook(EventType.DROPPED, lambda: [event_of(
+            EventType.DROPPED, envelope, ts=now, delivery=delivery, reason=reason, failure=failure,
+            with_record=True)])
+
+    def replayed(self, letters: Iterable[Any], *, dlq: str, now: float | None = None) -> int:
+        """Operator tools moved ``letters`` (Envelopes, ``ops.DeadLetter``s or raw DLQ elements) out of ``dlq``."""
+        return self._hook(EventType.REPLAYED, lambda: [
+            event_of(EventType.REPLAYED, _as_envelope(letter), ts=now, dlq=dlq) for letter in letters])
+
+    def trimmed(self, letters: Iterable[Any], *, dlq: str, why: str, now: float | None = None) -> int:
+        """Retention deleted ``letters`` from ``dlq``; ``why`` (``max_length``, ``ttl``) is the event's reason."""
+        return self._hook(EventType.TRIMMED, lambda: [
+            event_of(EventType.TRIMMED, _as_envelope(letter), ts=now, dlq=dlq, reason=why) for letter in letters])
+
+    def purged(self, letters: Iterable[Any], *, dlq: str, now: float | None = None) -> int:
+        """An operator deleted ``letters`` from ``dlq`` for good (the archive keeps their records)."""
+        return self._hook(EventType.PURGED, lambda: [
+            event_of(EventType.PURGED, _as_envelope(letter), ts=now, dlq=dlq) for letter in letters])
+
+
+class EventLog(_Hooks):
     """The archive stream of one key prefix: append (never raising) and read."""
 
     def __init__(self, client: Any, keys: Any, max_length: int) -> None:
@@ -308,91 +339,4 @@ def next_id(entry_id: str) -> str:
     return f"{ms}-{seq + 1}"
 
 
-# -- hooks: one line each in the engine and the operator tools ------------------
 
-def log_of(source: Any) -> EventLog:
-    """The event log of ``source``: anything with ``client``, ``keys`` and ``settings`` or ``app``."""
-    client = source.client
-    settings = getattr(source, "settings", None)
-    if settings is None:
-        from celery_dlq.extension import get_dlq
-
-        settings = get_dlq(source.app).settings
-    return EventLog(client, source.keys, settings.events_max_length)
-
-
-def _isolated(hook: Callable[..., list[Event]]) -> Callable[..., int]:
-    """Run ``hook`` to build events, then append them; never raise (log and carry on)."""
-
-    @functools.wraps(hook)
-    def run(source: Any, *args: Any, **kwargs: Any) -> int:
-        try:
-            log = log_of(source)
-            if not log.enabled:
-                return 0
-            return log.append(hook(source, *args, **kwargs))
-        except Exception:
-            logger.exception("celery-dlq: could not archive a %s event; carrying on", hook.__name__)
-            return 0
-
-    return run
-
-
-def parked_fields(source: Any, copy: Envelope, *, failure: Mapping[str, str], delivery: int,
-                  due: float, now: float) -> tuple[dict[str, str] | None, int]:
-    """The ``parked`` event's stream fields and the archive's cap, for the park script to append.
-
-    Delivery ``delivery`` failed; ``copy`` (the parked message) comes back at
-    ``due``. The park script appends the event in the same round trip as the
-    park. ``(None, 0)`` when the archive is off or the event cannot be built
-    (logged: the archive never stops a park).
-    """
-    try:
-        log = log_of(source)
-        if not log.enabled:
-            return None, 0
-        event = event_of(EventType.PARKED, copy, ts=now, delivery=delivery, failure=failure, due=due)
-        return event.to_fields(), log.max_length
-    except Exception:
-        logger.exception("celery-dlq: could not build a parked event; carrying on")
-        return None, 0
-
-
-@_isolated
-def redelivered(source: Any, envelopes: Iterable[Envelope], now: float | None = None) -> list[Event]:
-    """The mover published these messages (the parked copies, decoded) back to their queues."""
-    now = time.time() if now is None else now
-    return [event_of(EventType.REDELIVERED, envelope, ts=now) for envelope in envelopes]
-
-
-@_isolated
-def dead_lettered(source: Any, letter: Envelope, dlq: str) -> list[Event]:
-    """``letter`` (with its dead-letter headers) was published to ``dlq``."""
-    return [event_of(EventType.DEAD_LETTERED, letter, ts=letter.headers.get(H.DEAD_LETTERED_AT),
-                     dlq=dlq, with_record=True)]
-
-
-@_isolated
-def dropped(source: Any, envelope: Envelope, *, reason: str, failure: Mapping[str, str],
-            delivery: int, now: float | None = None) -> list[Event]:
-    """The last delivery failed and the policy says ``dead_letter=False``: the message is gone."""
-    return [event_of(EventType.DROPPED, envelope, ts=now, delivery=delivery, reason=reason,
-                     failure=failure, with_record=True)]
-
-
-@_isolated
-def replayed(source: Any, letters: Iterable[Any], *, dlq: str, now: float | None = None) -> list[Event]:
-    """Operator tools moved ``letters`` (Envelopes, ``manage.DeadLetter``s or raw DLQ elements) out of ``dlq``."""
-    return [event_of(EventType.REPLAYED, _as_envelope(letter), ts=now, dlq=dlq) for letter in letters]
-
-
-@_isolated
-def trimmed(source: Any, letters: Iterable[Any], *, dlq: str, why: str, now: float | None = None) -> list[Event]:
-    """Retention deleted ``letters`` from ``dlq``; ``why`` (``max_length``, ``ttl``) is the event's reason."""
-    return [event_of(EventType.TRIMMED, _as_envelope(letter), ts=now, dlq=dlq, reason=why) for letter in letters]
-
-
-@_isolated
-def purged(source: Any, letters: Iterable[Any], *, dlq: str, now: float | None = None) -> list[Event]:
-    """An operator deleted ``letters`` from ``dlq`` for good (the archive keeps their records)."""
-    return [event_of(EventType.PURGED, _as_envelope(letter), ts=now, dlq=dlq) for letter in letters]

@@ -1,38 +1,42 @@
-"""Every Redis key name and every Lua script of the extension, in one place.
+"""Every Redis key name celery-dlq reads or writes, and every field of its ``stats`` hash, in one place.
 
-Nothing else in the package builds a key or reads a ``.lua`` file, so the
-layout of the data in Redis can be read from this module alone, and a change
-of layout is a change of this module only.
+Two families of keys:
 
-All keys share the hash tag ``{<prefix>}``: on Redis Cluster they land on one
-slot, which is what lets one Lua script touch several of them. Every key a
-script uses is passed through ``KEYS``; no script builds a key name.
+* **ours** (:class:`Keys`): the delayed store, counters, audit markers, the
+  archive stream. They share the hash tag ``{<prefix>}``: on Redis Cluster
+  they land on one slot, which is what lets one Lua script touch several of
+  them. Every key a script uses is passed through ``KEYS``.
+* **kombu's** (:class:`QueueLists`): a queue, a DLQ among them, is where
+  kombu's Redis transport puts it, one LIST per priority step, kombu's
+  ``global_keyprefix`` in front.
+
+Nothing else in the package builds a key name, so the layout of the data in
+Redis can be read from this module alone.
 """
 from __future__ import annotations
 
-import math
-from functools import lru_cache
-from importlib import resources
-from typing import Any
+from bisect import bisect
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from celery_dlq.errors import ConfigurationError
 
-#: One script per operation; each is ``lua/<name>.lua``.
-SCRIPT_NAMES = (
-    "park",
-    "claim_due",
-    "ack",
-    "release",
-    "remove",
-    "redeliver_one",
-    "redeliver_all",
-    "inspect",
-    "page",
-    "count",
-    "next_due",
-    "count_delivery",
-    "replay_move",
-)
+#: kombu's Redis transport: priority sub-lists are ``name + SEP + step``.
+SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+class Stat:
+    """The counters of the ``stats`` hash (:attr:`Keys.stats`): field names, written by the code that does the work."""
+
+    PARKED = "parked"                                  # park.lua
+    REDELIVERED = "redelivered"                        # the mover's ack
+    DEAD_LETTERED = "dead_lettered"
+    DROPPED = "dropped"
+    DUPLICATES = "dead_letter_duplicates_suppressed"
+    TRIMMED = "dead_letters_trimmed"                   # retention
+    REPLAYED = "replayed"                              # operator tools
+    PURGED = "purged"
 
 
 class Keys:
@@ -114,50 +118,36 @@ class Keys:
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
 
 
-@lru_cache(maxsize=None)
-def script_source(name: str) -> str:
-    """The text of ``lua/<name>.lua``, read from the package once per process."""
-    if name not in SCRIPT_NAMES:
-        raise KeyError(f"no Lua script named {name!r}")
-    return resources.files("celery_dlq").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
-class Scripts:
-    """The Lua scripts registered on one Redis client.
+@dataclass(frozen=True)
+class QueueLists:
+    """Where kombu's Redis transport keeps a queue: a LIST per priority step."""
 
-    ``client.register_script`` gives an object that runs EVALSHA and loads the
-    script on NOSCRIPT, so a restarted or failed-over server costs one retry,
-    not an error. Registration is cached here, per client: build one
-    ``Scripts`` per client and keep it.
-    """
+    global_keyprefix: str = ""
+    steps: tuple[int, ...] = PRIORITY_STEPS
+    sep: str = SEP
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self._registered: dict[str, Any] = {}
+    @classmethod
+    def of(cls, transport_options: Mapping[str, Any] | None) -> QueueLists:
+        """The lists of a broker with these ``broker_transport_options`` (``global_keyprefix``, ``priority_steps``, ``sep``)."""
+        options = transport_options or {}
+        return cls(options.get("global_keyprefix") or "", tuple(options.get("priority_steps") or PRIORITY_STEPS),
+                   options.get("sep") or SEP)
 
-    def get(self, name: str) -> Any:
-        script = self._registered.get(name)
-        if script is None:
-            script = self.client.register_script(script_source(name))
-            self._registered[name] = script
-        return script
+    def keys(self, queue: str) -> list[str]:
+        """Every list of ``queue``, priority 0 first; ``LLEN`` of the first alone undercounts."""
+        return [self.key(queue, step) for step in self.steps]
 
-    def run(self, name: str, keys: list[str] | tuple[str, ...], args: list[Any]) -> Any:
-        """Run script ``name``; ``keys`` are every key it touches."""
-        return self.get(name)(keys=list(keys), args=list(args))
+    def key(self, queue: str, priority: Any = 0) -> str:
+        """The list kombu pushes a message of ``priority`` onto (as ``Channel._q_for_pri``)."""
+        try:
+            priority = min(max(int(priority), 0), 9)
+        except (TypeError, ValueError):
+            priority = 0
+        step = self.steps[max(bisect(self.steps, priority) - 1, 0)]
+        return self.global_keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
 
-    def count_delivery(self, key: str, floor: int, ttl_s: float) -> int:
-        """Count a repeated delivery of one message instance and return its delivery number.
-
-        For messages kombu marks ``redelivered`` only (see ``lua/count_delivery.lua``):
-        a missing counter means the instance was delivered once, unrecorded,
-        so this is ``floor + 1``. ``floor`` is the delivery number the
-        message's own header claims: the count never drops below it, so a lost
-        key never grants a message extra attempts.
-        """
-        if int(floor) < 1:
-            raise ValueError(f"floor must be >= 1, got {floor!r}")
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
-        ttl = max(1, math.ceil(ttl_s))  # EXPIRE takes whole seconds
-        return int(self.run("count_delivery", [key], [int(floor), ttl]))
+    def queue_of(self, key: str) -> str:
+        key = key[len(self.global_keyprefix):] if key.startswith(self.global_keyprefix) else key
+        return key.rsplit(self.sep, 1)[0]

@@ -1,4 +1,4 @@
-"""Counting deliveries before they run: the task Strategy wrapper, and un-counting at shutdown.
+"""The task Strategy wrapper: count a delivery before it runs, and take counts back at shutdown.
 
 With ``persist_delivery_count_before_delivery`` a delivery's number is known
 in the worker's main process before the request is handed on, and survives
@@ -34,11 +34,12 @@ from celery.worker.strategy import default as default_strategy
 from kombu.utils.imports import symbol_by_name
 
 from celery_dlq import headers as H
-from celery_dlq.envelope import Envelope, queue_of
-from celery_dlq.extension import get_dlq, is_redelivery_task
 from celery_dlq.headers import Reason
+from celery_dlq.message import queue_of, was_redelivered
+from celery_dlq.worker.runtime import Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)
+
 
 def strategy(task, app, consumer, **kwargs):
     """Celery's default strategy, with the delivery counted in Redis first.
@@ -48,17 +49,16 @@ def strategy(task, app, consumer, **kwargs):
     reason ``worker_lost`` instead of run.
     """
     handler = default_strategy(task, app, consumer, **kwargs)
-    dlq = get_dlq(app)
-    dlq.timer = getattr(consumer, "timer", None)
+    runtime = runtime_of(app)
+    runtime.timer = getattr(consumer, "timer", None)
     hostname = consumer.hostname
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
         headers = message.headers
         if isinstance(headers, dict) and headers.get("id") and not _waits_for_eta(headers):
-            queue = queue_of(app, message.delivery_info)
-            policy = dlq.policy(task, queue)
+            policy = runtime.policy(task, queue_of(app, message.delivery_info))
             if policy.persist_delivery_count_before_delivery:
-                if _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname):
+                if _count_or_dead_letter(runtime, task, message, headers, hostname):
                     return None
         return handler(message, body, ack, reject, callbacks, **kw)
 
@@ -79,39 +79,35 @@ def _waits_for_eta(headers: dict) -> bool:
     return when > datetime.now(timezone.utc)
 
 
-def _count_or_dead_letter(dlq, task, message, headers, queue, policy, hostname) -> bool:
+def _count_or_dead_letter(runtime: Runtime, task, message, headers, hostname) -> bool:
     """Persist this delivery; True when the message was dead-lettered instead of run."""
     floor = H.delivery_count_of(headers)
     tag = (message.properties or {}).get("delivery_tag")
     count = floor
-    if redelivered(message):
+    if was_redelivered(message):
         try:
-            count = dlq.count_delivery(headers["id"], tag, floor)
+            count = runtime.counters.count(headers["id"], tag, floor)
         except Exception:
             count = floor + 1  # it was delivered before: never grant it an extra attempt
             logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
                              headers.get("task"), headers.get("id"), count)
     headers[H.DELIVERY_COUNT] = count
-    if policy.attempts_left(count - 1):
+    ctx = runtime.context(task, message)
+    if ctx.policy.attempts_left(count - 1):
         return False
     text = f"delivery {count - 1} never reported an outcome (the worker was lost)"
     failure = {"type": "billiard.exceptions.WorkerLostError", "message": text, "traceback": ""}
     try:
-        dlq.dead_letter(Envelope.from_message(message, queue), delivery=count - 1, policy=policy,
-                        reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
+        runtime.dead_letter(ctx.envelope, delivery=count - 1, policy=ctx.policy,
+                            reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
     except Exception:
         logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
                          headers.get("task"), headers.get("id"))
         return True
     _mark_failed(task, message, hostname, WorkerLostError(text))
     message.ack()
-    dlq.forget_delivery(headers["id"], tag)
+    runtime.counters.forget(headers["id"], tag)
     return True
-
-
-def redelivered(message: Any) -> bool:
-    """Whether kombu delivered this very message instance before (restored it)."""
-    return bool((getattr(message, "delivery_info", None) or {}).get("redelivered"))
 
 
 def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> None:
@@ -133,7 +129,7 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> 
                          task.name, (message.headers or {}).get("id"))
 
 
-def uncount_unstarted(app: Any) -> int:
+def uncount_unstarted(runtime: Runtime) -> int:
     """Take back the count of every reserved request that never started; returns how many.
 
     Called from the consumer's ``on_close``, just before it forgets these
@@ -141,23 +137,23 @@ def uncount_unstarted(app: Any) -> int:
     their next receipt counts them again. Left alone, those counts would let a
     few restarts dead-letter messages that never ran.
     """
-    dlq = get_dlq(app)
+    app = runtime.app
     unstarted = [req for req in list(state.reserved_requests)
                  if req not in state.active_requests
                  and getattr(req, "_message", None) is not None
-                 and is_redelivery_task(getattr(req, "task", None))]
+                 and is_managed(getattr(req, "task", None))]
     keys = []
     for req in unstarted:
         try:
             queue = queue_of(app, req._message.delivery_info)
-            if dlq.policy(req.task, queue).persist_delivery_count_before_delivery \
+            if runtime.policy(req.task, queue).persist_delivery_count_before_delivery \
                     and not _waits_for_eta(req._message.headers or {}):
                 keys.append((req.id, (req._message.properties or {}).get("delivery_tag"),
                              H.delivery_count_of(req._message.headers)))
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:
-        dlq.uncount_deliveries(keys)
+        runtime.counters.uncount(keys)
         logger.info("celery-dlq: %d reserved message(s) never started; their delivery counts were "
                     "taken back", len(keys))
     return len(keys)

@@ -1,0 +1,17 @@
+"""``celery -A proj dlq ...``: inspect, replay and purge dead letters and parked retries; export and report.
+
+The group is :data:`dlq` (:mod:`~celery_dlq.cli.base`); each module below
+adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
+``show``, ``replay``, ``purge``; ``replay --plan`` in
+:mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.parked` (``delayed``,
+``redeliver``, ``stats``), :mod:`~celery_dlq.cli.analytics` (``export``,
+``report``). Printing is :mod:`~celery_dlq.cli.output`.
+
+rich is imported only when something is printed, pyarrow only by ``export``
+and ``replay --plan``, pyspark only by ``report``: Celery imports every
+``celery.commands`` plugin for every command, ``celery worker`` included.
+"""
+from celery_dlq.cli import analytics, letters, parked  # noqa: F401  (each adds its verbs to the group)
+from celery_dlq.cli.base import dlq
+
+__all__ = ["dlq"]

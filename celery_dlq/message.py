@@ -1,0 +1,291 @@
+"""A message, in one place: the captured original (:class:`Envelope`) and the one decoder of kombu's raw form.
+
+* :class:`Envelope` is a consumed kombu message captured whole, so it can be
+  parked and published again. Publishing the original body bytes with
+  ``content_type``/``content_encoding`` given makes kombu skip
+  serialization, so the task id, args, kwargs and every protocol-2 header
+  survive unchanged.
+* :func:`decode_raw` reads a message as kombu's Redis transport stores it (a
+  list element: JSON with ``body``, ``headers``, ``properties``); it is the
+  only code that knows that shape. :func:`task_arguments` turns a decoded
+  task body (protocol 1 or 2) into ``(args, kwargs)``.
+* :func:`queue_of` and :func:`was_redelivered` read a consumed message's
+  delivery info.
+
+Nothing here deserializes a body: callers decide what ``accept_content``
+allows and pass the decoded document in.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json as std_json
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from kombu.utils import json
+
+from celery_dlq import headers as H
+
+#: kombu message properties worth carrying over (the rest are per-delivery).
+CARRIED_PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode")
+FORMAT_VERSION = 1
+
+
+class TaskIdentity:
+    """The task id and name of a Celery message: protocol 2 headers, or the correlation id."""
+
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+
+    @property
+    def task_id(self) -> str | None:
+        return self.headers.get("id") or self.properties.get("correlation_id")
+
+    @property
+    def task_name(self) -> str | None:
+        return self.headers.get("task")
+
+
+@dataclass(frozen=True)
+class Envelope(TaskIdentity):
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+    queue: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: The broker's delivery tag of the consumed instance (not stored, not republished).
+    delivery_tag: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_message(cls, message: Any, queue: str) -> Envelope:
+        body = message.body
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        properties = message.properties or {}
+        info = message.delivery_info or {}
+        return cls(
+            body=body if body is not None else b"",
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            headers=dict(message.headers or {}),
+            properties={k: properties[k] for k in CARRIED_PROPERTIES if properties.get(k) is not None},
+            exchange=info.get("exchange") or "",
+            routing_key=info.get("routing_key") or queue,
+            queue=queue,
+            delivery_tag=tag if isinstance(tag := properties.get("delivery_tag"), str) else None,
+        )
+
+    def with_headers(self, headers: Mapping[str, Any]) -> Envelope:
+        return replace(self, headers=dict(headers))
+
+    def dumps(self) -> bytes:
+        return json.dumps({
+            "v": FORMAT_VERSION,
+            "body": base64.b64encode(self.body).decode("ascii"),
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
+            "headers": self.headers,
+            "properties": self.properties,
+            "exchange": self.exchange,
+            "routing_key": self.routing_key,
+            "queue": self.queue,
+            **({"extra": self.extra} if self.extra else {}),
+        }).encode("utf-8")
+
+    @classmethod
+    def loads(cls, data: bytes | str) -> Envelope:
+        doc = json.loads(data)
+        return cls(
+            body=base64.b64decode(doc["body"]),
+            content_type=doc.get("content_type"),
+            content_encoding=doc.get("content_encoding"),
+            headers=doc.get("headers") or {},
+            properties=doc.get("properties") or {},
+            exchange=doc.get("exchange") or "",
+            routing_key=doc.get("routing_key") or doc["queue"],
+            queue=doc["queue"],
+            extra=doc.get("extra") or {},
+        )
+
+    def publish(self, producer: Any, *, exchange: str | None = None, routing_key: str | None = None,
+                declare: tuple = ()) -> None:
+        """Publish the message as it was, to its own exchange and routing key unless told otherwise."""
+        producer.publish(
+            self.body,
+            exchange=self.exchange if exchange is None else exchange,
+            routing_key=self.routing_key if routing_key is None else routing_key,
+            headers=self.headers,
+            content_type=self.content_type or "application/octet-stream",
+            content_encoding=self.content_encoding or "binary",
+            declare=list(declare),
+            retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
+            **self.properties,
+        )
+
+
+@dataclass(frozen=True)
+class RawMessage(TaskIdentity):
+    """A message as kombu's Redis transport stores it; ``doc`` is its JSON ({} when it is not a JSON object)."""
+
+    doc: dict
+
+    @property
+    def headers(self) -> dict:  # type: ignore[override]
+        value = self.doc.get("headers")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def properties(self) -> dict:  # type: ignore[override]
+        value = self.doc.get("properties")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def content_type(self) -> str | None:
+        return self.doc.get("content-type")
+
+    @property
+    def content_encoding(self) -> str | None:
+        return self.doc.get("content-encoding")
+
+    @property
+    def body(self) -> bytes:
+        """The body bytes: base64-decoded when the properties say so (as stored when that fails)."""
+        body = self.doc.get("body") or ""
+        body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+        if self.properties.get("body_encoding") == "base64":
+            try:
+                return base64.b64decode(body, validate=True)
+            except (ValueError, binascii.Error):
+                pass  # not what it claims: keep it as stored
+        return body
+
+    @property
+    def dead_lettered_at(self) -> float | None:
+        value = self.headers.get(H.DEAD_LETTERED_AT)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def as_envelope(self) -> Envelope:
+        """The message as an :class:`Envelope` addressed to its original queue (``x-dlq-*`` headers).
+
+        For a dead letter that is where :meth:`Envelope.publish` sends it home.
+        """
+        headers = self.headers
+        queue = headers.get(H.ORIGINAL_QUEUE) or ""
+        return Envelope(
+            body=self.body, content_type=self.content_type, content_encoding=self.content_encoding,
+            headers=headers,
+            properties={k: self.properties[k] for k in CARRIED_PROPERTIES if self.properties.get(k) is not None},
+            exchange=headers.get(H.ORIGINAL_EXCHANGE) or "",
+            routing_key=headers.get(H.ORIGINAL_ROUTING_KEY) or queue, queue=queue)
+
+
+def decode_raw(raw: bytes | str) -> RawMessage:
+    """A list element of kombu's Redis transport; never raises (not JSON, or not an object: ``doc`` is {})."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
+        doc = None
+    return RawMessage(doc if isinstance(doc, dict) else {})
+
+
+def task_arguments(body: Any) -> tuple[list, dict] | None:
+    """``(args, kwargs)`` of a decoded Celery task body (protocol 2 ``[args, kwargs, embed]`` or 1); else None."""
+    if isinstance(body, (list, tuple)) and len(body) >= 2:
+        args, kwargs = body[0], body[1]
+    elif isinstance(body, dict) and "args" in body:
+        args, kwargs = body.get("args"), body.get("kwargs")
+    else:
+        return None
+    if not isinstance(args or (), (list, tuple)) or not isinstance(kwargs or {}, dict):
+        return None
+    return list(args or ()), dict(kwargs or {})
+
+
+#: JSON bodies larger than this are hashed as raw bytes (bounds the cost).
+MAX_PARSED_BODY = 1024 * 1024
+JSON_TYPES = ("application/json",)
+
+
+def payload_hash(task_name: str | None, body: bytes, content_type: str | None = None,
+                 content_encoding: str | None = None) -> str:
+    """A stable 32-hex-digit hash of task name + arguments: it spots a payload that keeps failing.
+
+    SHA-256 over the task name and the message's arguments. For a JSON body
+    (Celery's default) the arguments are ``[args, kwargs]`` parsed with the
+    standard ``json`` module and re-serialized canonically (sorted keys, no
+    whitespace), so the same call hashes the same whatever the client's key
+    order or Celery's ``embed`` (callbacks, chain) part. Any other content
+    type (pickle, yaml, msgpack, ...) is hashed as its raw body bytes:
+    decoding it would mean deserializing untrusted data, and pickle is never
+    loaded here. The two kinds never collide (the hash input says which it is).
+    """
+    canonical = _json_arguments(body, content_type, content_encoding)
+    digest = hashlib.sha256()
+    digest.update(b"json\0" if canonical is not None else b"raw\0")
+    digest.update((task_name or "").encode("utf-8"))
+    digest.update(b"\0")
+    digest.update(canonical if canonical is not None else bytes(body or b""))
+    return digest.hexdigest()[:32]
+
+
+def _json_arguments(body: bytes, content_type: str | None, content_encoding: str | None) -> bytes | None:
+    """``[args, kwargs]`` as canonical JSON bytes, or None when the body is not plain JSON."""
+    if (content_type or "").split(";")[0].strip().lower() not in JSON_TYPES:
+        return None
+    if (content_encoding or "utf-8").lower().replace("_", "-") not in ("utf-8", "utf8", "binary"):
+        return None
+    if not body or len(body) > MAX_PARSED_BODY:
+        return None
+    try:
+        doc = std_json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    decoded = task_arguments(doc)
+    arguments = list(decoded) if decoded is not None else [doc, None]
+    try:
+        return std_json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def as_text(value: Any) -> str:
+    """A Redis reply (bytes) or anything else as text; undecodable bytes are replaced, never raised on."""
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def was_redelivered(message: Any) -> bool:
+    """Whether kombu delivered this very message instance before (restored it)."""
+    return bool((getattr(message, "delivery_info", None) or {}).get("redelivered"))
+
+
+def queue_of(app: Any, delivery_info: Mapping[str, Any] | None) -> str:
+    """The queue a message was consumed from.
+
+    kombu's virtual transports only carry ``exchange`` and ``routing_key``.
+    With Celery's default direct routing the exchange is ``''`` (or named
+    after the queue) and the routing key is the queue name; otherwise the
+    app's declared queues say which queue binds that exchange and key.
+    """
+    info = delivery_info or {}
+    exchange = info.get("exchange") or ""
+    routing_key = info.get("routing_key") or ""
+    if not exchange:
+        return routing_key
+    queues = app.amqp.queues
+    if routing_key in queues and _exchange_name(queues[routing_key]) in ("", exchange):
+        return routing_key
+    for name, queue in queues.items():
+        if _exchange_name(queue) == exchange and queue.routing_key in (routing_key, "#", ""):
+            return name
+    return routing_key or exchange
+
+
+def _exchange_name(queue: Any) -> str:
+    return queue.exchange.name if queue.exchange is not None else ""

@@ -1,0 +1,61 @@
+"""Every Lua script of celery-dlq (``redis/lua/<name>.lua``), registered once per client.
+
+Each script opens with a table of the keys it takes (all through ``KEYS``,
+so Redis Cluster can route it) and its arguments. Nothing else reads a
+``.lua`` file.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+#: One script per operation; each is ``lua/<name>.lua``.
+SCRIPT_NAMES = (
+    "park",
+    "claim_due",
+    "ack",
+    "release",
+    "remove",
+    "redeliver_one",
+    "redeliver_all",
+    "inspect",
+    "page",
+    "count",
+    "next_due",
+    "count_delivery",
+    "replay_move",
+)
+
+
+@lru_cache(maxsize=None)
+def script_source(name: str) -> str:
+    """The text of ``lua/<name>.lua``, read from the package once per process."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(f"no Lua script named {name!r}")
+    return resources.files("celery_dlq.redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+class Scripts:
+    """The Lua scripts registered on one Redis client.
+
+    ``client.register_script`` gives an object that runs EVALSHA and loads the
+    script on NOSCRIPT, so a restarted or failed-over server costs one retry,
+    not an error. Registration is cached here, per client: build one
+    ``Scripts`` per client and keep it.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._registered: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        script = self._registered.get(name)
+        if script is None:
+            script = self.client.register_script(script_source(name))
+            self._registered[name] = script
+        return script
+
+    def run(self, name: str, keys: list[str] | tuple[str, ...], args: list[Any]) -> Any:
+        """Run script ``name``; ``keys`` are every key it touches."""
+        return self.get(name)(keys=list(keys), args=list(args))

@@ -1,0 +1,96 @@
+"""The package's shape: imports run one way (lint-imports), no import cycle, small modules, a CLI is not a worker."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+from celery import Celery
+
+import celery_dlq
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(celery_dlq.__file__).parent
+
+
+def find_cycle(graph) -> list[str] | None:
+    """One import cycle of ``graph`` (every import, those inside functions included), or None."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            if state.get(imported) == 1:
+                return path[path.index(imported):] + [imported]
+            if imported not in state:
+                found = visit(imported)
+                if found:
+                    return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph.modules):
+        if module not in state:
+            found = visit(module)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = grimp.build_graph("celery_dlq", exclude_type_checking_imports=True, cache_dir=None)
+    assert "celery_dlq.worker.runtime" in graph.modules
+    assert find_cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
+    graph = grimp.ImportGraph()
+    for name in ("a", "b", "c"):
+        graph.add_module(name)
+    graph.add_import(importer="a", imported="b")
+    graph.add_import(importer="b", imported="c")
+    assert find_cycle(graph) is None
+    graph.add_import(importer="c", imported="a")   # e.g. `def f(): from a import x`
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+
+
+def test_lint_imports_keeps_the_layers():
+    """The contracts in pyproject.toml: layers top to bottom, and no worker import from cli/ops/analytics."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken." in proc.stdout
+
+
+def test_no_module_is_over_400_lines():
+    sizes = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 30
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
+
+
+def test_the_operator_api_installs_no_worker_bootsteps(redis_server):
+    from celery_dlq.manage import Operator
+
+    app = Celery("ops-only", broker=redis_server.url, set_as_current=False)
+    operator = Operator(app)
+    assert [info.dead_letters for info in operator.queues()] == [0]   # DLQ.celery, configured, empty
+    assert app.steps["consumer"] == set()
+    assert "_celery_dlq" not in app.__dict__
+
+
+def test_install_hands_its_runtime_to_the_bootsteps():
+    from celery_dlq.worker.runtime import is_managed
+
+    app = Celery("installed", broker="redis://localhost:1/0", set_as_current=False)
+    runtime = celery_dlq.install(app)
+    steps = {step.name: step for step in app.steps["consumer"]}
+    assert set(steps) == {"celery_dlq.worker.consumer.DeadLetterDiscards", "celery_dlq.worker.mover.Mover"}
+    assert all(step.runtime is runtime for step in steps.values())
+    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 2   # idempotent
+    assert is_managed(celery_dlq.RedeliveryTask) and not is_managed(app.tasks["celery.backend_cleanup"])
