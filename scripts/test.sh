@@ -29,4 +29,7 @@ if ! command -v java >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+# Import layering (pyproject.toml [tool.importlinter]); tests/unit/test_layers.py checks it too.
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
+
 exec .venv/bin/python -m pytest "$@"

@@ -18,7 +18,7 @@ from celery import bootsteps
 
 from celery_dlq import headers as H
 from celery_dlq.headers import Reason
-from celery_dlq.message import Envelope, queue_of
+from celery_dlq.message import queue_of
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.strategy import uncount_unstarted
 
@@ -80,13 +80,12 @@ class DeadLetterDiscards(bootsteps.StartStopStep):
     def _dead_letter(self, c: Any, message: Any, reason: str, exc: Any) -> bool:
         queue = queue_of(c.app, message.delivery_info)
         headers = message.headers if isinstance(message.headers, dict) else {}
-        name = headers.get("task") or "unknown"
         failure = H.describe_exception(exc, "") if exc is not None else \
             {"type": "", "message": f"message of unknown format on {queue!r}", "traceback": ""}
         try:
-            policy = self.runtime.policy(name, queue)
-            self.runtime.dead_letter(Envelope.from_message(message, queue), delivery=H.delivery_count_of(headers),
-                                     policy=policy, reason=reason, failure=failure, worker=c.hostname)
+            ctx = self.runtime.context(headers.get("task") or "unknown", message, headers)
+            self.runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
+                                     failure=failure, worker=c.hostname)
         except Exception:
             logger.exception("celery-dlq: could not dead-letter a %s message from %r; "
                              "leaving it unacknowledged", reason, queue)

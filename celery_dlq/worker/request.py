@@ -118,8 +118,8 @@ class RedeliveryRequest(Request):
     def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
         ctx = self._dlq_context()
         try:
-            runtime_of(self.app).park(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
-                                      delay=exc.when or 0.0)
+            runtime_of(self.app).redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
+                                                 delay=exc.when or 0.0)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
@@ -155,7 +155,7 @@ class RedeliveryRequest(Request):
         runtime = runtime_of(self.app)
         try:
             if lost and ctx.policy.attempts_left(ctx.delivery):
-                runtime.park(ctx.envelope, delivery=ctx.delivery, failure=failure,
+                runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
                              delay=ctx.policy.delay_after(ctx.delivery))
                 return "parked"
             runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,

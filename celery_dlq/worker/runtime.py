@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Mapping
 
 from celery_dlq import headers as H
@@ -43,12 +44,20 @@ MANAGED = "celery_dlq_managed"
 
 @dataclass(frozen=True)
 class MessageContext:
-    """One consumed message as the engine needs it, resolved once: where it came from, its policy, its delivery."""
+    """One consumed message as the engine needs it, resolved once: where it came from, its policy, its delivery.
 
-    envelope: Envelope
+    ``envelope`` (the message captured whole) is built on first use, so a
+    message that never fails costs no copy.
+    """
+
+    message: Any
     queue: str
     policy: RedeliveryPolicy
     delivery: int
+
+    @cached_property
+    def envelope(self) -> Envelope:
+        return Envelope.from_message(self.message, self.queue)
 
 
 def is_managed(task: Any) -> bool:
@@ -106,8 +115,9 @@ class Runtime:
     def context(self, task: Any, message: Any, headers: Mapping[str, Any] | None = None) -> MessageContext:
         """The context of a consumed kombu ``message`` of ``task``; ``headers`` (default the message's) give the delivery."""
         queue = queue_of(self.app, message.delivery_info)
-        return MessageContext(Envelope.from_message(message, queue), queue, self.policy(task, queue),
-                              H.delivery_count_of(message.headers if headers is None else headers))
+        headers = message.headers if headers is None else headers
+        return MessageContext(message, queue, self.policy(task, queue),
+                              H.delivery_count_of(headers if isinstance(headers, Mapping) else None))
 
     # -- Redis --------------------------------------------------------------
 
@@ -156,7 +166,7 @@ class Runtime:
 
     # -- operations ---------------------------------------------------------
 
-    def park(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
+    def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
         Returns the due time. Raises on any Redis error, before which nothing

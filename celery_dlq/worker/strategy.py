@@ -35,8 +35,8 @@ from kombu.utils.imports import symbol_by_name
 
 from celery_dlq import headers as H
 from celery_dlq.headers import Reason
-from celery_dlq.message import queue_of, was_redelivered
-from celery_dlq.worker.runtime import Runtime, is_managed, runtime_of
+from celery_dlq.message import was_redelivered
+from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def strategy(task, app, consumer, **kwargs):
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
         headers = message.headers
         if isinstance(headers, dict) and headers.get("id") and not _waits_for_eta(headers):
-            policy = runtime.policy(task, queue_of(app, message.delivery_info))
-            if policy.persist_delivery_count_before_delivery:
-                if _count_or_dead_letter(runtime, task, message, headers, hostname):
+            ctx = runtime.context(task, message)
+            if ctx.policy.persist_delivery_count_before_delivery:
+                if _count_or_dead_letter(runtime, task, message, ctx, hostname):
                     return None
         return handler(message, body, ack, reject, callbacks, **kw)
 
@@ -79,9 +79,10 @@ def _waits_for_eta(headers: dict) -> bool:
     return when > datetime.now(timezone.utc)
 
 
-def _count_or_dead_letter(runtime: Runtime, task, message, headers, hostname) -> bool:
+def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, hostname) -> bool:
     """Persist this delivery; True when the message was dead-lettered instead of run."""
-    floor = H.delivery_count_of(headers)
+    headers = message.headers
+    floor = ctx.delivery
     tag = (message.properties or {}).get("delivery_tag")
     count = floor
     if was_redelivered(message):
@@ -92,7 +93,6 @@ def _count_or_dead_letter(runtime: Runtime, task, message, headers, hostname) ->
             logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
                              headers.get("task"), headers.get("id"), count)
     headers[H.DELIVERY_COUNT] = count
-    ctx = runtime.context(task, message)
     if ctx.policy.attempts_left(count - 1):
         return False
     text = f"delivery {count - 1} never reported an outcome (the worker was lost)"
@@ -145,11 +145,9 @@ def uncount_unstarted(runtime: Runtime) -> int:
     keys = []
     for req in unstarted:
         try:
-            queue = queue_of(app, req._message.delivery_info)
-            if runtime.policy(req.task, queue).persist_delivery_count_before_delivery \
-                    and not _waits_for_eta(req._message.headers or {}):
-                keys.append((req.id, (req._message.properties or {}).get("delivery_tag"),
-                             H.delivery_count_of(req._message.headers)))
+            ctx = runtime.context(req.task, req._message)
+            if ctx.policy.persist_delivery_count_before_delivery and not _waits_for_eta(req._message.headers or {}):
+                keys.append((req.id, (req._message.properties or {}).get("delivery_tag"), ctx.delivery))
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:

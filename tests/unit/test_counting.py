@@ -4,6 +4,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
+from celery_dlq import headers as H
+
 from celery_dlq.worker.strategy import _waits_for_eta
 
 
@@ -30,8 +32,8 @@ class FakeDLQ:
         self.calls.append((task_id, tag, floor))
         return floor + 1 if self.stored is None else max(self.stored + 1, floor)
 
-    def context(self, task, message):
-        return SimpleNamespace(policy=self.policy)
+    def context(self, message):
+        return SimpleNamespace(policy=self.policy, delivery=H.delivery_count_of(message.headers))
 
 
 class FakeMessage:
@@ -49,8 +51,8 @@ def test_a_first_delivery_costs_no_redis_call_a_restored_one_is_counted():
     policy = RedeliveryPolicy(max_delivery_attempts=3)
     dlq = FakeDLQ(policy)
     first = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2})
-    assert _count_or_dead_letter(dlq, None, first, first.headers, "w") is False
+    assert _count_or_dead_letter(dlq, None, first, dlq.context(first), "w") is False
     assert dlq.calls == [] and first.headers[H.DELIVERY_COUNT] == 2
     restored = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2}, redelivered=True)
-    assert _count_or_dead_letter(dlq, None, restored, restored.headers, "w") is False
+    assert _count_or_dead_letter(dlq, None, restored, dlq.context(restored), "w") is False
     assert dlq.calls == [("t1", "tag-1", 2)] and restored.headers[H.DELIVERY_COUNT] == 3

@@ -143,7 +143,7 @@ def stream(dlq) -> list[Event]:
 def test_park_redelivery_and_dead_letter_are_archived(app, unique):
     dlq = install(app)
     env = envelope(app, unique)
-    due = dlq.park(env, delivery=1, failure=FAILURE, delay=0)
+    due = dlq.redeliver_later(env, delivery=1, failure=FAILURE, delay=0)
     moved = MoverThread(app, dlq).move_due()
     assert moved == 1
     letter_queue = dlq.dead_letter(env.with_headers({**env.headers, H.DELIVERY_COUNT: 2,
@@ -183,7 +183,7 @@ def test_archive_failure_never_breaks_park(app, unique, caplog):
     dlq = install(app)
     dlq.client.set(dlq.keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
     with caplog.at_level(logging.WARNING, logger="celery_dlq.redis.store"):
-        dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+        dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     assert dlq.store.count() == 1
     assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"
     assert "could not archive its event" in caplog.text
@@ -191,7 +191,7 @@ def test_archive_failure_never_breaks_park(app, unique, caplog):
 
 def test_park_archives_its_event_in_the_same_script(app, unique):
     dlq = install(app)
-    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     [(_, fields)] = dlq.client.xrange(dlq.keys.events)
     event = Event.from_fields(fields)
     assert (event.type, event.delivery, event.exception_type) == ("parked", 1, FAILURE["type"])
@@ -201,7 +201,7 @@ def test_park_archives_its_event_in_the_same_script(app, unique):
 def test_archive_off_writes_nothing(app, unique):
     app.conf.dlq_events_max_length = 0
     dlq = install(app)
-    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     assert dlq.store.count() == 1 and dlq.client.exists(dlq.keys.events) == 0
 
 
@@ -242,7 +242,7 @@ def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique
     from dataclasses import replace
 
     dlq = install(app)
-    dlq.park(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     [(_, fields)] = dlq.client.xrange(dlq.keys.events)
     parked_hash = Event.from_fields(fields).payload_hash
     [entry] = list(dlq.store.entries())

@@ -31,7 +31,7 @@ FAILURE = {"type": "ValueError", "message": "boom", "traceback": "tb"}
 
 def test_park_stores_the_original_with_next_delivery_headers(dlq, unique):
     before = time.time()
-    due = dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    due = dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
     assert before + 5 <= due <= time.time() + 5
     (entry,) = list(dlq.store.entries())
     assert entry.entry_id == f"id-{unique}:2"
@@ -47,7 +47,7 @@ def test_park_stores_the_original_with_next_delivery_headers(dlq, unique):
 
 
 def test_first_failure_time_is_kept_across_redeliveries(dlq, unique):
-    dlq.park(envelope(unique, {H.FIRST_FAILURE_AT: 1000.0, H.DELIVERY_COUNT: 2}), delivery=2,
+    dlq.redeliver_later(envelope(unique, {H.FIRST_FAILURE_AT: 1000.0, H.DELIVERY_COUNT: 2}), delivery=2,
              failure=FAILURE, delay=0)
     (entry,) = list(dlq.store.entries())
     assert Envelope.loads(entry.payload).headers[H.FIRST_FAILURE_AT] == 1000.0
@@ -61,8 +61,8 @@ def test_park_is_idempotent_per_delivery(dlq, unique):
 
     task_redelivery_scheduled.connect(receiver, weak=False)
     try:
-        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
-        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
     finally:
         task_redelivery_scheduled.disconnect(receiver)
     assert dlq.store.count() == 1
@@ -80,7 +80,7 @@ def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, uniqu
 
     task_redelivery_scheduled.connect(receiver, weak=False)
     try:
-        dlq.park(envelope(unique), delivery=1, failure=FAILURE, delay=0)
+        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=0)
     finally:
         task_redelivery_scheduled.disconnect(receiver)
     assert seen == [("t.x", f"id-{unique}", 2, "ValueError")]
@@ -119,9 +119,9 @@ def test_two_messages_sharing_a_task_id_are_both_parked_a_repeat_is_not(dlq, uni
 
     first = replace(envelope(unique), delivery_tag="tag-a")
     other = replace(envelope(unique), delivery_tag="tag-b")   # the application reused the task id
-    dlq.park(first, delivery=1, failure=FAILURE, delay=5)
-    dlq.park(first, delivery=1, failure=FAILURE, delay=5)     # the same message, delivered again
-    dlq.park(other, delivery=1, failure=FAILURE, delay=5)
+    dlq.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)
+    dlq.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)     # the same message, delivered again
+    dlq.redeliver_later(other, delivery=1, failure=FAILURE, delay=5)
     entries = sorted(entry.entry_id for entry in dlq.store.entries())
     assert entries == [f"id-{unique}:2", f"id-{unique}:2:tag-b"]
     assert dlq.client.hget(dlq.keys.stats, "parked") == b"2"
