@@ -39,3 +39,7 @@ class PlanError(DLQError):
 
 class ExportError(DLQError):
     """An export destination holds something else, or its checkpoint is unreadable."""
+
+
+class InvalidMessage(DLQError):
+    """A queue held something that cannot become a task message (the transport dead-letters it raw)."""

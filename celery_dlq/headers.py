@@ -23,6 +23,7 @@ EXCEPTION_MESSAGE = "x-dlq-exception-message"
 TRACEBACK = "x-dlq-traceback"
 DEAD_LETTERED_AT = "x-dlq-dead-lettered-at"
 WORKER = "x-dlq-worker"
+RAW = "x-dlq-raw"                                # true: the body is a raw element that was not a message
 # Replays (operator tools):
 REPLAYED_AT = "x-dlq-replayed-at"
 REPLAY_COUNT = "x-dlq-replay-count"

@@ -35,6 +35,8 @@ DEFAULTS: dict[str, Any] = {
     "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
     "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
+    "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
+    "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -58,6 +60,12 @@ def _count_or_zero(name: str, value: Any) -> int:
     return value
 
 
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _policy_fields(value: Any, where: str) -> dict[str, Any]:
     return {} if value is None else validate_fields(value, where)
 
@@ -75,6 +83,8 @@ class DLQSettings:
     delivery_count_ttl: float
     audit_ttl: float
     events_max_length: int
+    fetch_transport: bool
+    fetch_wait: float
     default_policy: dict[str, Any]
     task_policies: PatternMap
     queue_policies: PatternMap
@@ -99,6 +109,8 @@ class DLQSettings:
             delivery_count_ttl=_positive("dlq_delivery_count_ttl", get("dlq_delivery_count_ttl")),
             audit_ttl=_positive("dlq_audit_ttl", get("dlq_audit_ttl")),
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
+            fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
+            fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
             task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
             queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),

@@ -113,6 +113,14 @@ class Keys:
         suffix = f":{tag}" if tag else ""
         return f"{self.base}:audit:{task_id}:{int(delivery)}{suffix}"
 
+    def quarantine(self, queue: str) -> str:
+        """LIST: raw elements popped from ``queue`` that were not kombu messages (fetch.lua), byte for byte."""
+        return f"{self.base}:quarantine:{queue}"
+
+    def fetched(self, consumer: str) -> str:
+        """SET: delivery tags one consumer process fetched and has not acked (fetch.lua; recovered on reconnect)."""
+        return f"{self.base}:fetched:{consumer}"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)

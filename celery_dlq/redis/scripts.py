@@ -25,6 +25,9 @@ SCRIPT_NAMES = (
     "next_due",
     "count_delivery",
     "replay_move",
+    "fetch",
+    "reject_invalid",
+    "release_quarantine",
 )
 
 

@@ -7,7 +7,8 @@ the raw message is dead-lettered first (``unknown_task`` /
 ``invalid_message``). It also validates the ``dlq_*`` settings (a bad one
 stops the worker at start, with the setting's name) and, when the consumer
 closes, takes back the delivery counts of reserved messages that never
-started.
+started. It also switches the worker's broker connections to celery-dlq's
+Redis transport (:mod:`celery_dlq.worker.transport`) before they connect.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from celery_dlq.headers import Reason
 from celery_dlq.message import queue_of
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.strategy import uncount_unstarted
+from celery_dlq.worker.transport import use_in_worker
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class DeadLetterDiscards(bootsteps.StartStopStep):
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         self.runtime.validate()
+        use_in_worker(c.app, self.runtime)   # before the Connection step connects
         c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
         c.on_unknown_message = self._wrap(c, c.on_unknown_message, Reason.INVALID_MESSAGE, body_first=True)

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Mapping
@@ -78,6 +79,9 @@ class Runtime:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.installed = False
+        #: Names this runtime in ``broker_transport_options`` (plain data), for the worker's transport.
+        self.ident = f"{getattr(app, 'main', None) or 'app'}:{id(self):x}"
+        _by_ident[self.ident] = self
         self._settings: DLQSettings | None = None
         self._pid: int | None = None
         self._lock = threading.Lock()
@@ -212,6 +216,14 @@ class Runtime:
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         return self.deadletterer.dead_letter(envelope, **kwargs)
+
+
+_by_ident: weakref.WeakValueDictionary[str, Runtime] = weakref.WeakValueDictionary()
+
+
+def runtime_by_ident(ident: str | None) -> Runtime | None:
+    """The runtime named ``Runtime.ident`` (what the transport finds through its transport options), or None."""
+    return _by_ident.get(ident) if ident else None
 
 
 def runtime_of(app: Any) -> Runtime:

@@ -1,0 +1,340 @@
+"""celery-dlq's Redis transport: kombu's, with a fetch that never loses a message and never kills a worker.
+
+kombu's Redis transport pops a message with ``BRPOP`` and records it as
+unacknowledged in a second round trip, and builds its ``Message`` before any
+Celery or celery-dlq code can catch an error. So a message popped but not yet
+recorded is lost when the worker dies or Redis restarts in between, and a
+list element that is not a kombu message kills the worker. This transport
+changes the fetch only (publishing, acks, the visibility-timeout restore and
+everything else are kombu's):
+
+* **Fetch in one step** (``redis/lua/fetch.lua``): pop the next element of
+  the worker's queues in kombu's priority order and, in the same script,
+  record it in kombu's ``unacked`` hash and index and in this consumer's
+  ``fetched`` set. An element that is not a kombu envelope goes to its
+  queue's quarantine list in that step. Nothing popped is ever only in memory.
+* **Validate before kombu sees it** (:func:`celery_dlq.message.envelope_error`):
+  what cannot become a task message (not JSON, not an object, no properties,
+  a body that is not valid base64, headers that are not an object, a
+  protocol-2 message without an ``id``, ...) is moved *raw*, byte for byte,
+  to the DLQ of its queue (reason ``invalid_message``, the parse error in
+  ``x-dlq-exception-message``) in one script, with one WARNING.
+* **Wait without taking.** A script cannot block, so when every list is
+  empty the channel waits with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on
+  the main list of one of its queues (a no-op move that wakes as soon as a
+  message arrives there), then fetches again. Messages on other lists (other
+  queues, priority sub-lists) wait at most ``dlq_fetch_wait`` when idle.
+* **Recover on reconnect.** Tags this process fetched but no live channel of
+  it holds (a reply lost with the connection, a channel closed while Redis
+  was down) are given back to their queues when the next channel starts.
+  A worker killed outright leaves them in kombu's ``unacked`` hash, restored
+  by kombu's visibility timeout, as before.
+* **Close never crashes.** kombu's restore of unacked messages at close can
+  raise on a broken connection (``_connparams`` on a released connection);
+  here it is logged, and the messages stay recorded for the recovery above.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import weakref
+from typing import Any
+
+import redis
+from kombu.exceptions import InconsistencyError
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+from kombu.utils.uuid import uuid
+
+from celery_dlq.message import decode_raw, envelope_error, raw_dead_letter
+from celery_dlq.redis.keys import Keys, Stat
+from celery_dlq.redis.scripts import Scripts, script_source
+from celery_dlq.worker.runtime import runtime_by_ident
+
+logger = logging.getLogger(__name__)
+
+#: ``broker_transport_options`` keys ``install()`` sets for the worker.
+OPTION_RUNTIME, OPTION_PREFIX, OPTION_WAIT = "celery_dlq_runtime", "celery_dlq_key_prefix", "celery_dlq_fetch_wait"
+#: Callbacks of the consumer that mean "this message cannot be handled", not a broken connection.
+_MESSAGE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, UnicodeError)
+
+_live_channels: weakref.WeakSet = weakref.WeakSet()
+_consumer_id: tuple[int, str] | None = None
+
+
+def consumer_id() -> str:
+    """This process's consumer id (host, pid and a random part): the name of its ``fetched`` set."""
+    global _consumer_id
+    if _consumer_id is None or _consumer_id[0] != os.getpid():
+        _consumer_id = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}")
+    return _consumer_id[1]
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's ack emulation, aware of what ``fetch.lua`` recorded already, with a close that never raises."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        recorded = self.channel._dlq_recorded
+        if delivery_tag in recorded:   # fetch.lua wrote unacked and its index: keep it in memory only
+            recorded.discard(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        with self.pipe_or_acquire(pipe) as pipe:
+            return pipe.zrem(self.unacked_index_key, delivery_tag) \
+                       .hdel(self.unacked_key, delivery_tag) \
+                       .srem(self.channel._dlq_fetched_key, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> Any:
+        try:
+            return super().restore_unacked(client)
+        except Exception as exc:  # kombu's close path on a dead connection (_connparams of None)
+            logger.warning("celery-dlq: could not give back %d unacknowledged message(s) at close (%s: %s); "
+                           "they stay recorded and come back when this worker reconnects, or after the "
+                           "visibility timeout", len(self._delivered), type(exc).__name__, exc)
+            self._delivered.clear()
+            return []
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel with celery-dlq's fetch (see the module docstring)."""
+
+    QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = args[0].client.transport_options if args else {}
+        self._dlq_recorded: set[str] = set()
+        self._dlq_consumer = consumer_id()
+        self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
+        self._dlq_wait = float(options.get(OPTION_WAIT) or 0.1)
+        prefix = options.get(OPTION_PREFIX) or "celery_dlq"
+        self._dlq_kombu_keys = Keys(prefix)   # for kombu's own clients, which add global_keyprefix themselves
+        self._dlq_fetched_key = self._dlq_kombu_keys.fetched(self._dlq_consumer)
+        self._dlq_idle = False
+        self._dlq_sent: tuple[str, list[str]] | None = None
+        self._dlq_watch = 0
+        self._dlq_recovered = False
+        super().__init__(*args, **kwargs)
+        self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
+        self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
+        self._dlq_scripts = Scripts(self._dlq_plain)
+        self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
+        _live_channels.add(self)
+
+    # -- fetch ------------------------------------------------------------------
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        if not self._dlq_recovered:
+            self._dlq_recover()
+        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        connection = self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        prefix = self.global_keyprefix or ""
+        if self._dlq_idle:
+            watched = prefix + queues[self._dlq_watch % len(queues)]
+            self._dlq_watch += 1
+            self._dlq_sent = ("BLMOVE", keys)
+            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
+            return
+        unacked = (prefix + self.unacked_key, prefix + self.unacked_index_key)
+        all_keys = [prefix + key for key in keys] + \
+            [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
+            [*unacked, self._dlq_keys.fetched(self._dlq_consumer)]
+        self._dlq_sent = ("EVALSHA", keys)
+        connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), time.time())
+
+    def _queue_of_key(self, key: str) -> str:
+        return key.rsplit(self.sep, 1)[0]
+
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            command, keys = self._dlq_sent or ("EVALSHA", [])
+            try:
+                reply = self.client.parse_response(self.client.connection, command, **options)
+            except redis.exceptions.NoScriptError:   # Redis restarted and forgot the script
+                self._dlq_plain.script_load(script_source("fetch"))
+                raise kombu_redis.Empty() from None
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if command == "BLMOVE":   # woken (or timed out): fetch next
+                self._dlq_idle = False
+                raise kombu_redis.Empty()
+            if not reply:
+                self._dlq_idle = True
+                raise kombu_redis.Empty()
+            self._dlq_idle = False
+            return self._dlq_take(reply, keys)
+        finally:
+            self._in_poll = None
+            self._dlq_sent = None
+            self._flush_brpop_reauth()
+
+    def _dlq_take(self, reply: list, keys: list[str]) -> bool:
+        index, element, status, tag = reply
+        queue = self._queue_of_key(keys[int(index) - 1])
+        if bytes_to_str(status) == "quarantined":
+            self._dlq_release_quarantine(queue, element, "not a kombu message (not a JSON object with "
+                                                         "properties, delivery_tag and delivery_info)")
+            raise kombu_redis.Empty()
+        tag = bytes_to_str(tag)
+        try:
+            message = loads(bytes_to_str(element))
+        except Exception as exc:
+            error = f"not JSON: {exc}"
+        else:
+            error = envelope_error(message)
+        if error:
+            self._dlq_reject(queue, element, tag, error)
+            raise kombu_redis.Empty()
+        self._dlq_recorded.add(tag)
+        self._queue_cycle.rotate(queue)
+        try:
+            self.connection._deliver(message, queue)
+        except _MESSAGE_ERRORS as exc:   # the consumer could not take it: never a connection error
+            self._dlq_recorded.discard(tag)
+            if self._qos is not None:
+                self._qos._delivered.pop(tag, None)
+            self._dlq_reject(queue, element, tag, f"the consumer failed on it: {type(exc).__name__}: {exc}")
+            raise kombu_redis.Empty() from None
+        return True
+
+    # -- what cannot be a message -------------------------------------------------
+
+    def _dlq_dead_letter_queue(self, queue: str) -> str | None:
+        runtime = runtime_by_ident(self._dlq_runtime_ident)
+        if runtime is None:
+            return f"DLQ.{queue}"
+        return runtime.settings.policy_for("", queue).dead_letter_queue(queue)
+
+    def _dlq_letter(self, queue: str, element: bytes, error: str) -> tuple[str | None, bytes | None]:
+        dlq = self._dlq_dead_letter_queue(queue)
+        if dlq is None:
+            return None, None
+        return dlq, raw_dead_letter(element, queue=queue, dlq=dlq, error=error, worker=self._dlq_consumer,
+                                    now=time.time(), tag=uuid())
+
+    def _dlq_reject(self, queue: str, element: bytes, tag: str, error: str) -> None:
+        """A fetched element that cannot be a task: out of unacked into its DLQ (raw, wrapped), in one script.
+
+        Where the queue's dead letters are dropped by policy, a malformed
+        message is still never dropped: it goes to the queue's quarantine, raw.
+        """
+        dlq, letter = self._dlq_letter(queue, element, error)
+        prefix = self.global_keyprefix or ""
+        target = self._dlq_keys.quarantine(queue) if dlq is None else prefix + dlq
+        moved = self._dlq_scripts.run("reject_invalid", [
+            prefix + self.unacked_key, prefix + self.unacked_index_key,
+            self._dlq_keys.fetched(self._dlq_consumer), target], [tag, element if dlq is None else letter])
+        if not moved:
+            return   # no longer unacked: restored or handled meanwhile
+        if dlq is None:
+            logger.warning("celery-dlq: quarantined an invalid message from %r in %s: %s", queue, target, error)
+            return
+        self._dlq_count(letter, dlq)
+        logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
+                       queue, dlq, error)
+
+    def _dlq_release_quarantine(self, queue: str, element: bytes, error: str) -> None:
+        """An element fetch.lua quarantined: on to its DLQ, wrapped; it stays quarantined if that is impossible."""
+        dlq, letter = self._dlq_letter(queue, element, error)
+        where = self._dlq_keys.quarantine(queue)
+        if dlq is None:
+            logger.warning("celery-dlq: quarantined an invalid message from %r in %s: %s", queue, where, error)
+            return
+        try:
+            moved = self._dlq_scripts.run("release_quarantine",
+                                          [where, (self.global_keyprefix or "") + dlq],
+                                          [element, letter])
+        except redis.RedisError:
+            logger.warning("celery-dlq: quarantined an invalid message from %r in %s (could not move it to %s): "
+                           "%s", queue, where, dlq, error, exc_info=True)
+            return
+        if moved:
+            self._dlq_count(letter, dlq)
+            logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
+                           queue, dlq, error)
+
+    def _dlq_count(self, letter: bytes, dlq: str) -> None:
+        runtime = runtime_by_ident(self._dlq_runtime_ident)
+        if runtime is None:
+            return
+        try:
+            runtime.client.hincrby(runtime.keys.stats, Stat.DEAD_LETTERED, 1)
+            runtime.archive.dead_lettered(decode_raw(letter).as_envelope(), dlq)
+        except Exception:
+            logger.exception("celery-dlq: could not count or archive an invalid message's dead letter")
+
+    # -- recovery and close ---------------------------------------------------------
+
+    def _dlq_recover(self) -> int:
+        """Give back what this process fetched that no live channel of it holds (lost with a connection)."""
+        self._dlq_recovered = True
+        held = set()
+        for channel in list(_live_channels):
+            qos = channel.__dict__.get("_qos")
+            if qos is not None:
+                held.update(qos._delivered)
+        orphans = [bytes_to_str(tag) for tag in self._dlq_plain.smembers(self._dlq_keys.fetched(self._dlq_consumer))]
+        orphans = [tag for tag in orphans if tag not in held]
+        for tag in orphans:
+            self.qos.restore_by_tag(tag)
+        if orphans:
+            logger.warning("celery-dlq: gave back %d message(s) fetched before the connection was lost", len(orphans))
+        return len(orphans)
+
+    def close(self) -> None:
+        _live_channels.discard(self)
+        try:
+            super().close()
+        except (AttributeError, InconsistencyError, *kombu_redis.get_redis_error_classes()[0]) as exc:
+            logger.warning("celery-dlq: error closing a Redis channel (%s: %s); carrying on",
+                           type(exc).__name__, exc)
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with celery-dlq's :class:`Channel`."""
+
+    Channel = Channel
+
+
+#: ``broker_transport`` value that selects this transport.
+TRANSPORT = f"{__name__}:Transport"
+_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+
+
+def use_in_worker(app: Any, runtime: Any) -> bool:
+    """Make the worker's broker connections use this transport, when the broker is Redis; returns whether it does.
+
+    Called by the consumer bootstep, in the worker only, when the app's
+    configuration is final. Off with ``dlq_fetch_transport = False``; left
+    alone when the app chose a ``broker_transport`` of its own. A
+    ``redis+socket://`` URL is given to kombu as ``socket://``, which kombu's
+    Redis transport reads the same way (a scheme with ``+`` would select
+    kombu's own transport by name).
+    """
+    conf = app.conf
+    if not runtime.settings.fetch_transport or conf.broker_transport not in (None, "", "redis", "rediss"):
+        return False
+    urls = {name: conf.get(name) for name in ("broker_url", "broker_read_url")}
+    if not isinstance(urls["broker_url"], str) or not urls["broker_url"].startswith(_REDIS_SCHEMES):
+        return False
+    for name, url in urls.items():
+        if isinstance(url, str) and url.startswith("redis+socket://"):
+            conf[name] = ";".join(part.strip().replace("redis+socket://", "socket://", 1)
+                                  for part in url.split(";"))
+    conf.broker_transport = TRANSPORT
+    conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
+                                     OPTION_PREFIX: runtime.settings.key_prefix,
+                                     OPTION_WAIT: runtime.settings.fetch_wait}
+    logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", TRANSPORT)
+    return True
