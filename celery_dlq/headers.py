@@ -92,6 +92,29 @@ def delivery_count_of(headers: Mapping[str, Any] | None) -> int:
     return max(count, 1)
 
 
+#: A count header above this is not believed even without a limit (UNLIMITED attempts).
+MAX_BELIEVED_COUNT = 1_000_000
+
+
+def delivery_count_problem(headers: Mapping[str, Any] | None, max_delivery_attempts: int) -> str | None:
+    """Why a message's ``x-dlq-delivery-count`` cannot be believed, or None (absent, or in range).
+
+    Only celery-dlq writes the header, always an integer from 1 to
+    ``max_delivery_attempts``; anything else (text, a float, 0, 10**30, one
+    more than ``max_delivery_attempts + 1``) came from somewhere else and must
+    not cost the task its attempts. ``max_delivery_attempts`` < 1 means unlimited.
+    """
+    if not headers or DELIVERY_COUNT not in headers:
+        return None
+    value = headers[DELIVERY_COUNT]
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{DELIVERY_COUNT} is not an integer: {value!r}"[:200]
+    ceiling = max_delivery_attempts + 1 if max_delivery_attempts >= 1 else MAX_BELIEVED_COUNT
+    if not 1 <= value <= ceiling:
+        return f"{DELIVERY_COUNT} {value} is outside 1..{ceiling}"[:200]
+    return None
+
+
 def redelivery_headers(headers: Mapping[str, Any], *, delivery: int, queue: str, exchange: str,
                        routing_key: str, failure: Mapping[str, str], now: float | None = None) -> dict:
     """Headers of the copy that will be delivered as number ``delivery``.

@@ -34,6 +34,7 @@ from celery.worker.strategy import default as default_strategy
 from kombu.utils.imports import symbol_by_name
 
 from celery_dlq import headers as H
+from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
 from celery_dlq.message import was_redelivered
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
@@ -55,14 +56,42 @@ def strategy(task, app, consumer, **kwargs):
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
         headers = message.headers
-        if isinstance(headers, dict) and headers.get("id") and not _waits_for_eta(headers):
+        if isinstance(headers, dict):
             ctx = runtime.context(task, message)
-            if ctx.policy.persist_delivery_count_before_delivery:
+            problem = _invalid(headers, ctx.policy.max_delivery_attempts)
+            if problem:
+                _dead_letter_invalid(runtime, task, message, ctx, hostname, problem)
+                return None
+            if not _waits_for_eta(headers) and ctx.policy.persist_delivery_count_before_delivery:
                 if _count_or_dead_letter(runtime, task, message, ctx, hostname):
                     return None
         return handler(message, body, ack, reject, callbacks, **kw)
 
     return dlq_task_message_handler
+
+
+def _invalid(headers: dict, max_delivery_attempts: int) -> str | None:
+    """Why Celery must not get this message: no task id (its Request would fail), or an unbelievable count."""
+    if not isinstance(headers.get("id"), str) or not headers["id"]:
+        return "no id header (Celery protocol 2 needs one)"
+    return H.delivery_count_problem(headers, max_delivery_attempts)
+
+
+def _dead_letter_invalid(runtime: Runtime, task, message, ctx: MessageContext, hostname, problem: str) -> None:
+    """Dead-letter a message Celery must not run (``invalid_message``), or leave it unacknowledged if that fails."""
+    failure = {"type": "celery_dlq.errors.InvalidMessage", "message": problem, "traceback": ""}
+    try:
+        runtime.dead_letter(ctx.envelope, delivery=1, policy=ctx.policy, reason=Reason.INVALID_MESSAGE,
+                            failure=failure, worker=hostname)
+    except Exception:
+        logger.exception("celery-dlq: could not dead-letter an invalid %s message; leaving it unacknowledged",
+                         task.name)
+        return
+    logger.warning("celery-dlq: %s[%s] is not a valid message (%s): dead-lettered", task.name,
+                   message.headers.get("id"), problem)
+    if message.headers.get("id"):   # a result may be awaited: record FAILURE, as for any dead letter
+        _mark_failed(task, message, hostname, InvalidMessage(problem))
+    message.ack()
 
 
 def _waits_for_eta(headers: dict) -> bool:

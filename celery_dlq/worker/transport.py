@@ -307,8 +307,15 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-#: ``broker_transport`` value that selects this transport.
-TRANSPORT = f"{__name__}:Transport"
+class SocketTransport(Transport):
+    """The same, for a Unix socket (``redis+socket://``): kombu hands the whole URL to ``_connparams``, as it does
+    for kombu's own ``redis+socket://``."""
+
+    can_parse_url = True
+
+
+#: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
+TRANSPORT, SOCKET_TRANSPORT = f"{__name__}:Transport", f"{__name__}:SocketTransport"
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
 
 
@@ -328,13 +335,14 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
     urls = {name: conf.get(name) for name in ("broker_url", "broker_read_url")}
     if not isinstance(urls["broker_url"], str) or not urls["broker_url"].startswith(_REDIS_SCHEMES):
         return False
+    socket_url = urls["broker_url"].startswith("redis+socket://")
     for name, url in urls.items():
         if isinstance(url, str) and url.startswith("redis+socket://"):
             conf[name] = ";".join(part.strip().replace("redis+socket://", "socket://", 1)
                                   for part in url.split(";"))
-    conf.broker_transport = TRANSPORT
+    conf.broker_transport = SOCKET_TRANSPORT if socket_url else TRANSPORT
     conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
                                      OPTION_PREFIX: runtime.settings.key_prefix,
                                      OPTION_WAIT: runtime.settings.fetch_wait}
-    logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", TRANSPORT)
+    logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", conf.broker_transport)
     return True
