@@ -23,8 +23,10 @@ def free_port() -> int:
 class RedisServer:
     """Start with :meth:`start`, stop with :meth:`stop`; ``url`` names it."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *args: str) -> None:
         self.port = port or free_port()
+        #: Extra redis-server arguments (they override the defaults), e.g. "--appendonly", "yes".
+        self.args = args
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.mkdtemp(prefix="celery-dlq-redis-")
         self._proc: subprocess.Popen | None = None
@@ -36,7 +38,7 @@ class RedisServer:
         self._proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--dir", self._dir,
-             "--daemonize", "no", "--loglevel", "warning"],
+             "--daemonize", "no", "--loglevel", "warning", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)
@@ -51,6 +53,15 @@ class RedisServer:
                 time.sleep(0.05)
         client.close()
         return self
+
+    def shutdown(self) -> None:
+        """SHUTDOWN, as an upgrade would: what persistence is on (AOF) is written; the directory is kept."""
+        try:
+            redis.Redis(port=self.port).shutdown()
+        except redis.ConnectionError:
+            pass   # it closes the connection as it goes
+        if self._proc is not None:
+            self._proc.wait(timeout=30)
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

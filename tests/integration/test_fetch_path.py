@@ -4,11 +4,16 @@ from __future__ import annotations
 import base64
 import json
 import random
+import time
 from collections import Counter
 
 import pytest
 
 from celery_dlq import headers as H
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.store import DelayedStore
+from tests.integration.conftest import Harness
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +126,48 @@ def test_a_fuzz_run_of_malformed_elements_never_kills_the_worker_and_loses_nothi
     assert harness.redis.llen(harness.queue) + len(harness.dead_letters()) + len(succeeded) == MALFORMED + VALID
     assert harness.redis.keys("*quarantine*") == []
     assert log.count("invalid message") + log.count("is not a valid message") == MALFORMED   # one WARNING each
+
+
+ROUNDS, TASKS = 10, 500
+
+
+def test_redis_restarts_lose_nothing_and_never_stop_the_worker(tmp_path, unique):
+    """AOF with appendfsync always; Redis shut down and started again while retries are parked and the
+    worker is busy, ten rounds in a row with one worker: every task succeeds every time."""
+    server = RedisServer(None, "--appendonly", "yes", "--appendfsync", "always").start()
+    harness = Harness(server, tmp_path, unique)
+    try:
+        worker = harness.worker(concurrency=2)
+        pid, duplicates = worker.proc.pid, 0
+        for round_ in range(ROUNDS):
+            started = time.monotonic()
+            ids = [harness.send("proj.flaky", args=(2, f"r{round_}")).id for _ in range(TASKS)]
+            store = DelayedStore(harness.redis, Keys(harness.prefix))
+            harness.wait_until(lambda: store.count() > 0 and len(harness.deliveries()) > TASKS // 4, timeout=60,
+                               message="retries parked and the worker busy")
+            parked_at = time.monotonic()
+            server.shutdown()
+            time.sleep(1)   # down for a second: Celery reconnects after 2 s (its first retry interval)
+            server.start()
+            restarted_at = time.monotonic()
+            harness.wait_until(lambda: succeeded(harness, ids) == TASKS, timeout=180,
+                               message=f"round {round_}: all {TASKS} succeeded")
+            harness.wait_until(lambda: harness.redis.hlen("unacked") == 0 and store.count() == 0
+                               and harness.redis.llen(harness.queue) == 0, timeout=30, message="all settled")
+            assert worker.proc.poll() is None and worker.proc.pid == pid, "the worker never exits"
+            # A duplicate: the same delivery of a task ran twice (at-least-once allows it; count it).
+            runs = Counter((d["id"], d["delivery"]) for d in harness.deliveries() if d["id"] in set(ids))
+            duplicates += sum(n - 1 for n in runs.values())
+            assert harness.dead_letters() == []
+            print(f"round {round_}: {parked_at - started:.1f}s to the restart, {time.monotonic() - restarted_at:.1f}s after it")
+        log = worker.log()
+        assert "Unrecoverable error" not in log and "gave back" in log
+        print(f"\n{ROUNDS} rounds x {TASKS} tasks: {duplicates} duplicate deliveries (at-least-once)")
+    finally:
+        harness.close()
+        server.stop()
+
+
+def succeeded(harness, ids) -> int:
+    done = {d["id"] for d in harness.deliveries() if d["delivery"] >= 3}
+    return len(done & set(ids))
