@@ -6,6 +6,7 @@
                    celery_late     plain Celery with acks_late (what RedeliveryTask implies)
                    dlq             RedeliveryTask, persist_delivery_count_before_delivery on (the default)
                    dlq_nopersist   RedeliveryTask, persist_delivery_count_before_delivery off
+                   dlq_kombufetch  as dlq, but fetching with kombu's own Redis transport (dlq_fetch_transport off)
     BENCH_PREFIX   dlq_key_prefix, and the prefix of the benchmark's own counters
     BENCH_CONF     optional JSON merged into app.conf
 
@@ -24,7 +25,7 @@ BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("BENCH_QUEUE", "bench")
 MODE = os.environ.get("BENCH_MODE", "celery")
 PREFIX = os.environ.get("BENCH_PREFIX", "bench")
-MODES = ("celery", "celery_late", "dlq", "dlq_nopersist")
+MODES = ("celery", "celery_late", "dlq", "dlq_nopersist", "dlq_kombufetch")
 if MODE not in MODES:
     raise SystemExit(f"BENCH_MODE must be one of {MODES}, got {MODE!r}")
 DLQ = MODE.startswith("dlq")
@@ -48,7 +49,8 @@ if DLQ:
 
     app.conf.update(
         dlq_key_prefix=PREFIX,
-        dlq_default_policy={"persist_delivery_count_before_delivery": MODE == "dlq"},
+        dlq_default_policy={"persist_delivery_count_before_delivery": MODE in ("dlq", "dlq_kombufetch")},
+        dlq_fetch_transport=MODE != "dlq_kombufetch",
     )
     Base: type[Task] = RedeliveryTask
 else:

@@ -84,7 +84,8 @@ class BenchWorker:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, client: redis.Redis, timeout: float = 60) -> "BenchWorker":
-        """Ready when its pool children exist and it holds a BRPOP on Redis (CLIENT LIST)."""
+        """Ready when its pool children exist and it waits on Redis (CLIENT LIST: kombu's BRPOP, or
+        celery-dlq's fetch script and its BLMOVE wait)."""
         import psutil
 
         deadline = time.monotonic() + timeout
@@ -92,7 +93,8 @@ class BenchWorker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited:\n{self.log()[-3000:]}")
             clients = client.client_list()
-            if any(c.get("cmd") == "brpop" for c in clients) and psutil.Process(self.pid).children():
+            if any(c.get("cmd") in ("brpop", "blmove", "evalsha") for c in clients) \
+                    and psutil.Process(self.pid).children():
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker never started consuming:\n{self.log()[-3000:]}")

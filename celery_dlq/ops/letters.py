@@ -67,7 +67,8 @@ class DeadLetter(TaskIdentity):
 
     @property
     def body(self) -> bytes:
-        return self.decoded.body
+        """The message body; for an element that is no kombu message (a quarantined one), the element itself."""
+        return self.decoded.body if self.message else bytes(self.raw)
 
     @property
     def content_type(self) -> str:

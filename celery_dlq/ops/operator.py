@@ -76,12 +76,26 @@ class Operator:
             self._scripts = Scripts(self.broker)
         return self._scripts
 
+    def list_keys(self, name: str) -> list[str]:
+        """The Redis lists of ``name``: a DLQ's priority sub-lists, or a quarantine's one list."""
+        queue = quarantined_queue(name)
+        return [self.keys.quarantine(queue)] if queue is not None else self.lists.keys(name)
+
     def depth(self, name: str) -> int:
         """Dead letters in ``name``, every priority sub-list counted."""
         pipe = self.broker.pipeline(transaction=False)
-        for key in self.lists.keys(name):
+        for key in self.list_keys(name):
             pipe.llen(key)
         return sum(pipe.execute())
+
+    def quarantines(self) -> dict[str, str]:
+        """``quarantine:<queue>`` -> queue, for every non-empty quarantine list (SCAN)."""
+        found = {}
+        prefix = self.keys.quarantine("")
+        for key in self.broker.scan_iter(match=_glob(prefix) + "*", count=1000, _type="list"):
+            queue = key.decode("utf-8", "replace")[len(prefix):]
+            found[QUARANTINE + queue] = queue
+        return found
 
     def dlq_of(self, queue: str) -> str | None:
         """The DLQ of ``queue`` under its queue-level policy; None when dead letters are dropped."""
@@ -93,6 +107,10 @@ class Operator:
         A name counts when it is configured, or shaped like a DLQ and present
         in Redis: never a live queue, and no SCAN unless it is unknown.
         """
+        if quarantined_queue(name) is not None:
+            if self.depth(name):
+                return DeadLetterQueue(self, name)
+            raise UnknownQueue(f"{name!r} is empty: nothing was quarantined from that queue")
         shapes, configured = self._configured(self.parked.store.counts_by_queue())
         for candidate in (name, self.dlq_of(name)):
             if candidate in configured or (_shaped(candidate, shapes) and self.depth(candidate)):
@@ -110,6 +128,7 @@ class Operator:
         rows = [QueueInfo(name, origin, self.depth(name), parked[name])
                 for name, origin in sorted(self.known(by_queue).items())]
         rows += [QueueInfo(None, queue, 0, n) for queue, n in sorted(by_queue.items()) if self.dlq_of(queue) is None]
+        rows += [QueueInfo(name, queue, self.depth(name), 0) for name, queue in sorted(self.quarantines().items())]
         return rows
 
     def known(self, queues: Any = ()) -> dict[str, str | None]:
@@ -173,6 +192,15 @@ class Operator:
     def count(self, stat: str, n: int) -> None:
         if n:
             self.client.hincrby(self.keys.stats, stat, n)
+
+
+#: The operator's name of a queue's raw quarantine (``celery dlq list quarantine:orders``).
+QUARANTINE = "quarantine:"
+
+
+def quarantined_queue(name: str | None) -> str | None:
+    """The queue whose quarantine ``name`` is, or None when it is not a quarantine's name."""
+    return name[len(QUARANTINE):] if name and name.startswith(QUARANTINE) and len(name) > len(QUARANTINE) else None
 
 
 def _shaped(name: str | None, shapes: Any) -> bool:

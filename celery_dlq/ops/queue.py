@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kombu.utils import json
 
+from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
 from celery_dlq.redis.keys import Stat
@@ -79,7 +80,7 @@ class DeadLetterQueue:
         return self.op.depth(self.name)
 
     def _pages(self, batch: int) -> OldestFirst:
-        return OldestFirst(self.op.broker, self.op.lists.keys(self.name), batch)
+        return OldestFirst(self.op.broker, self.op.list_keys(self.name), batch)
 
     def _selected(self, pages: OldestFirst, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
         left = limit
@@ -130,9 +131,11 @@ class DeadLetterQueue:
         """Move ``letters``; returns how many left the list (moved here, or gone already)."""
         now, plans = self.op.clock(), []
         for letter in letters:
-            target = letter.target(to) if letter.message else None
+            target = letter.target(to) if letter.message and not letter.header(H.RAW) else None
             if target is None:
-                why = "not a kombu message" if not letter.message else "no x-dlq-original-queue header; use to="
+                why = ("not a kombu message" if not letter.message else
+                       "a raw element that was not a message: nothing to replay (purge it when read)"
+                       if letter.header(H.RAW) else "no x-dlq-original-queue header; use to=")
                 out.failed.append(f"{letter.task_id or '<unknown id>'}: {why}")
                 continue
             queue, exchange, routing_key = target
@@ -172,7 +175,7 @@ class DeadLetterQueue:
 
     def _delete_lists(self) -> Outcome:
         """Every list of the DLQ deleted in one transaction, counted as it goes."""
-        out, keys = Outcome(), self.op.lists.keys(self.name)
+        out, keys = Outcome(), self.op.list_keys(self.name)
         pipe = self.op.broker.pipeline(transaction=True)
         for key in keys:
             pipe.llen(key)
@@ -190,7 +193,9 @@ class DeadLetterQueue:
                 pipe.lrem(letter.key, -1, letter.raw)
             results = pipe.execute()
             removed = sum(results)
-            self.op.archive.purged([letter for letter, n in zip(letters, results) if n], dlq=self.name)
+            # A quarantined raw element is no message: there is no event to write for it.
+            self.op.archive.purged([letter for letter, n in zip(letters, results) if n and letter.message],
+                                   dlq=self.name)
             out.matched += len(letters)
             out.done += removed
             out.missing += len(letters) - removed

@@ -395,6 +395,34 @@ def test_replay_without_an_original_queue_fails_that_message_only(op, fake):
     assert op.queue("orders").replay(to="orders").done == 1
 
 
+def test_a_raw_invalid_element_is_listed_shown_as_bytes_and_never_replayed(op, fake):
+    from celery_dlq.message import raw_dead_letter
+
+    fake.lpush("DLQ.orders", raw_dead_letter(b"\x00not json", queue="orders", dlq="DLQ.orders", error="not JSON",
+                                             worker="w", now=T0, tag="t1"))
+    dead_letter(fake)
+    (raw, message) = list(op.queue("orders").entries())
+    assert raw.header(H.REASON) == "invalid_message" and raw.body == b"\x00not json"
+    assert raw.as_dict()["decoded"] is False
+    out = op.queue("orders").replay()
+    assert out.done == 1 and len(out.failed) == 1 and "nothing to replay" in out.failed[0]
+    assert [letter.body for letter in op.queue("orders").entries()] == [b"\x00not json"]   # still there, to purge
+
+
+def test_a_quarantine_is_listed_read_raw_and_purged(op, fake, app):
+    fake.lpush(op.keys.quarantine("orders"), b"\x00first", b"[1, 2]")
+    rows = {info.name: info for info in op.queues()}
+    assert rows["quarantine:orders"].dead_letters == 2 and rows["quarantine:orders"].queue == "orders"
+    quarantine = op.queue("quarantine:orders")
+    assert [letter.body for letter in quarantine.entries()] == [b"\x00first", b"[1, 2]"]   # oldest first, raw
+    assert all(letter.as_dict()["body"] for letter in quarantine.entries())
+    listed = run(app, fake, "list", "quarantine:orders", "--json", ops=op)
+    assert [base64.b64decode(row["body"]) for row in json.loads(listed.output)] == [b"\x00first", b"[1, 2]"]
+    assert quarantine.purge(force=True).done == 2 and fake.llen(op.keys.quarantine("orders")) == 0
+    with pytest.raises(UnknownQueue):
+        op.queue("quarantine:orders")
+
+
 # -- purge -------------------------------------------------------------------------
 
 def test_purge_needs_force_then_deletes_one_filtered_or_all(op, fake):
