@@ -7,7 +7,6 @@ replays and purges when stdout is a terminal. ``replay --plan`` is
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterator
 
 import click

@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
-from celery_dlq.message import Envelope
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.message import Envelope, decode_raw
+from celery_dlq.redis.store import DelayedStore, DirectPayload
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,15 @@ class ParkedRetry:
 
     @classmethod
     def from_entry(cls, entry: Any) -> ParkedRetry:
+        """From a store entry in either parked format (kombu's element, or the publish-format envelope)."""
+        direct = DirectPayload.loads(entry.payload)
         try:
-            envelope = Envelope.loads(entry.payload)
+            message: Any = decode_raw(direct.element) if direct else Envelope.loads(entry.payload)
         except (ValueError, KeyError, TypeError):
             return cls(entry.entry_id, entry.queue, entry.due, entry.lease_until, None, None, None, None)
-        return cls(entry.entry_id, entry.queue, entry.due, entry.lease_until, envelope.task_id,
-                   envelope.task_name, H.delivery_count_of(envelope.headers),
-                   envelope.headers.get(H.LAST_EXCEPTION))
+        return cls(entry.entry_id, entry.queue, entry.due, entry.lease_until, message.task_id,
+                   message.task_name, H.delivery_count_of(message.headers),
+                   message.headers.get(H.LAST_EXCEPTION))
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

@@ -28,15 +28,25 @@ SCRIPT_NAMES = (
     "fetch",
     "reject_invalid",
     "release_quarantine",
+    "move_due",
 )
+#: Prepended to every script: the parked payload formats (``lua/lib.lua``).
+PRELUDE = "lib"
 
 
 @lru_cache(maxsize=None)
-def script_source(name: str) -> str:
-    """The text of ``lua/<name>.lua``, read from the package once per process."""
-    if name not in SCRIPT_NAMES:
+def script_body(name: str) -> str:
+    """The text of ``lua/<name>.lua`` alone, read from the package once per process."""
+    if name not in SCRIPT_NAMES and name != PRELUDE:
         raise KeyError(f"no Lua script named {name!r}")
     return resources.files("celery_dlq.redis").joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def script_source(name: str) -> str:
+    """What runs in Redis for script ``name``: the prelude (``lua/lib.lua``), then ``lua/<name>.lua``."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(f"no Lua script named {name!r}")
+    return script_body(PRELUDE) + script_body(name)
 
 
 class Scripts:

@@ -35,6 +35,35 @@ logger = logging.getLogger(__name__)
 REDELIVER_BATCH = 500
 
 
+#: The first byte of a direct-format payload (``lua/lib.lua``); a publish-format one is JSON (``{``).
+DIRECT = b"\x01"
+
+
+@dataclass(frozen=True)
+class DirectPayload:
+    """A parked message in the direct format: the exact element kombu will pop from ``dest``."""
+
+    queue: str
+    dest: str
+    task: str
+    element: bytes
+
+    def dumps(self) -> bytes:
+        for name in ("queue", "dest", "task"):
+            if "\0" in getattr(self, name):
+                raise ValueError(f"a parked {name} cannot hold a NUL byte: {getattr(self, name)!r}")
+        return b"".join((DIRECT, self.queue.encode(), b"\0", self.dest.encode(), b"\0", self.task.encode(),
+                         b"\0", self.element))
+
+    @classmethod
+    def loads(cls, payload: bytes) -> DirectPayload | None:
+        """The direct payload, or None for a publish-format one."""
+        if not payload.startswith(DIRECT):
+            return None
+        queue, dest, task, element = payload[1:].split(b"\0", 3)
+        return cls(queue.decode(), dest.decode(), task.decode(), element)
+
+
 def to_ms(seconds: float) -> int:
     """Unix seconds (float) to the integer milliseconds Redis scores hold."""
     return int(round(seconds * 1000))
@@ -132,6 +161,24 @@ class DelayedStore:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
                            self.keys.events)
         return result > 0
+
+    def move_due(self, lists: Sequence[str], limit: int = 100, events_max_length: int = 0,
+                 counter: str = "", now: float | None = None) -> tuple[int, int]:
+        """Move up to ``limit`` due direct-format entries onto their lists inside Redis (``lua/move_due.lua``).
+
+        ``lists`` are the destination lists that may be written (kombu's
+        lists of the parked queues, with ``global_keyprefix``). Each move,
+        its bookkeeping, its ``redelivered`` event and ``counter`` in the
+        stats hash happen in one script: no lease, no Python decode, no
+        kombu publish. Returns ``(moved, left)``: ``left`` due entries are in
+        the publish format (or name another list) and need :meth:`claim_due`.
+        """
+        k = self.keys
+        now_s = self.clock() if now is None else now
+        moved, left = self._scripts.run(
+            "move_due", [*k.store_keys(), k.stats, k.events, *lists],
+            [to_ms(now_s), int(limit), int(events_max_length), int(now_s * 1_000_000), counter])
+        return int(moved), int(left)
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

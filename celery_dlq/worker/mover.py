@@ -18,8 +18,9 @@ from typing import Any
 from celery import bootsteps
 from kombu.utils.url import maybe_sanitize_url
 
-from celery_dlq.message import Envelope
+from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.store import DirectPayload
 from celery_dlq.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,29 @@ class MoverThread(threading.Thread):
                                  maybe_sanitize_url(self.runtime.settings.redis_url), wait)
 
     def move_due(self) -> int:
-        """Move every due entry now, a batch per round trip; returns how many were published."""
+        """Move every due entry now, a batch per round trip; returns how many were moved or published.
+
+        On a Redis broker that is also the store (``Runtime.direct``) due
+        entries move inside Redis, one script per batch (``lua/move_due.lua``);
+        entries in the publish format (parked before an upgrade) are then
+        claimed and published as on any other broker.
+        """
+        moved, left = self._move_inside_redis() if self.runtime.direct else (0, 1)
+        return moved + (self._claim_and_publish() if left else 0)
+
+    def _move_inside_redis(self) -> tuple[int, int]:
+        store, batch = self.runtime.store, self.batch_size
+        lists = [key for queue in store.counts_by_queue() for key in self.runtime.lists.keys(queue)]
+        moved = left = 0
+        while not self._stop_event.is_set():
+            n, left = store.move_due(lists, limit=batch, events_max_length=self.runtime.archive.max_length,
+                                     counter=Stat.REDELIVERED)
+            moved += n
+            if n + left < batch or n == 0:
+                break
+        return moved, left
+
+    def _claim_and_publish(self) -> int:
         moved = 0
         store = self.runtime.store
         while not self._stop_event.is_set():
@@ -97,9 +120,7 @@ class MoverThread(threading.Thread):
                 sent: list[Envelope] = []
                 with _batch(producer, len(claimed)):
                     for entry in claimed:
-                        envelope = Envelope.loads(entry.payload)
-                        envelope.publish(producer)
-                        sent.append(envelope)
+                        sent.append(self._publish_one(producer, entry.payload))
                 published = sent
         except Exception:
             retry_at = time.time() + max(1.0, self.interval)
@@ -111,6 +132,17 @@ class MoverThread(threading.Thread):
                 store.ack_many(claimed[:len(published)], Stat.REDELIVERED, len(published))
                 self.runtime.archive.redelivered(published)
         return len(published)
+
+
+    def _publish_one(self, producer: Any, payload: bytes) -> Envelope:
+        """Publish one parked payload; a direct-format one goes onto its list as it is (on the broker's Redis)."""
+        direct = DirectPayload.loads(payload)
+        if direct is None:
+            envelope = Envelope.loads(payload)
+            envelope.publish(producer)
+            return envelope
+        self.runtime.broker.lpush(direct.dest, direct.element)
+        return decode_raw(direct.element).as_envelope()
 
 
 def _batch(producer: Any, size: int) -> Any:

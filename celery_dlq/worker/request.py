@@ -119,7 +119,7 @@ class RedeliveryRequest(Request):
         ctx = self._dlq_context()
         try:
             runtime_of(self.app).redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
-                                                 delay=exc.when or 0.0)
+                                                 delay=exc.when or 0.0, message=ctx.message)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
@@ -156,7 +156,7 @@ class RedeliveryRequest(Request):
         try:
             if lost and ctx.policy.attempts_left(ctx.delivery):
                 runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
-                             delay=ctx.policy.delay_after(ctx.delivery))
+                                        delay=ctx.policy.delay_after(ctx.delivery), message=ctx.message)
                 return "parked"
             runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
                                 failure=failure, worker=self.hostname)

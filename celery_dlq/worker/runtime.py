@@ -20,15 +20,20 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Mapping
 
+from kombu.utils import json
+from kombu.utils.uuid import uuid
+
 from celery_dlq import headers as H
+from celery_dlq.errors import BrokerNotSupported
+from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element
 from celery_dlq.message import Envelope, queue_of
 from celery_dlq.policy import RedeliveryPolicy, validate_fields
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
-from celery_dlq.redis.client import worker_client
+from celery_dlq.redis.client import broker_client, broker_url, worker_client
 from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.keys import Keys, QueueLists
 from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.worker.deadletter import DeadLetterer
@@ -117,7 +122,8 @@ class Runtime:
         return self.settings.policy_for(name, queue, lambda: task_policy_fields(task_obj))
 
     def context(self, task: Any, message: Any, headers: Mapping[str, Any] | None = None) -> MessageContext:
-        """The context of a consumed kombu ``message`` of ``task``; ``headers`` (default the message's) give the delivery."""
+        """The context of a consumed kombu ``message`` of ``task``; ``headers`` (default: the message's) give
+        the delivery number."""
         queue = queue_of(self.app, message.delivery_info)
         headers = message.headers if headers is None else headers
         return MessageContext(message, queue, self.policy(task, queue),
@@ -135,6 +141,7 @@ class Runtime:
         self._archive = EventLog(self._client, self.keys, settings.events_max_length)
         self._deadletterer = DeadLetterer(self.app, self._client, self.keys, audit_ttl=settings.audit_ttl,
                                           archive=self._archive, redis_url=settings.redis_url)
+        self._broker: Any = None
         self._pid = os.getpid()
 
     def _ensure(self) -> None:
@@ -170,32 +177,71 @@ class Runtime:
 
     # -- operations ---------------------------------------------------------
 
-    def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float) -> float:
+    @cached_property
+    def direct(self) -> bool:
+        """Whether parked copies are kombu's own elements, moved inside Redis (``redis.store.DirectPayload``).
+
+        True when the broker is Redis and is also the store (``dlq_redis_url``
+        unset, or the broker's URL): the mover then LPUSHes parked copies onto
+        kombu's lists in one script. Otherwise (RabbitMQ, a separate store)
+        parked copies are envelopes a mover publishes through kombu.
+        """
+        try:
+            return broker_url(self.app.conf) == self.settings.redis_url
+        except BrokerNotSupported:
+            return False
+
+    @property
+    def broker(self) -> Any:
+        """The broker's Redis (the store's client when they are one server); only on a Redis broker."""
+        self._ensure()
+        if self._broker is None:
+            self._broker = broker_client(self.app.conf, self._client, self.settings.redis_url)
+        return self._broker
+
+    @cached_property
+    def lists(self) -> QueueLists:
+        """Where kombu's Redis transport keeps each queue (priority sub-lists, ``global_keyprefix``)."""
+        return QueueLists.of(self.app.conf.broker_transport_options)
+
+    def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float,
+                        message: Any = None) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
-        Returns the due time. Raises on any Redis error, before which nothing
-        was acknowledged.
+        ``message`` is the consumed kombu message: on a Redis broker that is
+        also the store, what is parked is the element kombu will pop (its
+        body as kombu encoded it, the next delivery's headers), moved back
+        inside Redis. Returns the due time. Raises on any Redis error, before
+        which nothing was acknowledged.
         """
         now = time.time()
         due = now + max(0.0, float(delay))
         nxt = delivery + 1
-        copy = envelope.with_headers(H.redelivery_headers(
-            envelope.headers, delivery=nxt, queue=envelope.queue, exchange=envelope.exchange,
-            routing_key=envelope.routing_key, failure=failure, now=now))
-        if envelope.delivery_tag:  # which consumed instance this copy came from (see _park_once)
-            copy = replace(copy, extra={**copy.extra, SOURCE_TAG: envelope.delivery_tag})
+        headers = H.redelivery_headers(envelope.headers, delivery=nxt, queue=envelope.queue,
+                                       exchange=envelope.exchange, routing_key=envelope.routing_key,
+                                       failure=failure, now=now)
+        copy = envelope.with_headers(headers)
         event, max_length = self.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
-        if event and event.get("payload_hash"):  # the redelivered event reuses it (no second parse and hash)
-            copy = replace(copy, extra={**copy.extra, PAYLOAD_HASH: event["payload_hash"]})
-        if not self._park_once(copy, envelope, nxt, due, event, max_length):
+        raw = getattr(message, "_raw", None) if message is not None and self.direct else None
+        if isinstance(raw, dict):
+            element = redelivery_element(raw, headers, tag=uuid(), source_tag=envelope.delivery_tag)
+            dest = self.lists.key(envelope.queue, element["properties"].get("priority"))
+            payload = DirectPayload(envelope.queue, dest, envelope.task_name or "",
+                                    json.dumps(element).encode("utf-8")).dumps()
+        else:
+            extra = {**copy.extra, **({SOURCE_TAG: envelope.delivery_tag} if envelope.delivery_tag else {})}
+            if event and event.get("payload_hash"):  # the mover's redelivered event reuses it
+                extra[PAYLOAD_HASH] = event["payload_hash"]
+            payload = replace(copy, extra=extra).dumps()
+        if not self._park_once(payload, envelope, nxt, due, event, max_length):
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
         return due
 
-    def _park_once(self, copy: Envelope, envelope: Envelope, nxt: int, due: float,
+    def _park_once(self, payload: bytes, envelope: Envelope, nxt: int, due: float,
                    event: Any, max_length: int) -> bool:
-        """Park ``copy`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
+        """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 
         The entry id makes a park idempotent when the same message instance
         is delivered again after its worker died mid-park (kombu keeps its
@@ -204,13 +250,12 @@ class Runtime:
         delivery tag in its entry id instead of being mistaken for a repeat.
         """
         task_id = envelope.task_id or "unknown"
-        payload = copy.dumps()
         entry_id = f"{task_id}:{nxt}"
         if self.store.park(entry_id, payload, envelope.queue, due, event, max_length):
             return True
         existing = self.store.get(entry_id)
         tag = envelope.delivery_tag
-        if existing is None or not tag or Envelope.loads(existing.payload).extra.get(SOURCE_TAG) == tag:
+        if existing is None or not tag or source_tag_of(existing.payload) == tag:
             return False  # parked already by an earlier delivery of this same message
         return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length)
 
@@ -224,6 +269,14 @@ _by_ident: weakref.WeakValueDictionary[str, Runtime] = weakref.WeakValueDictiona
 def runtime_by_ident(ident: str | None) -> Runtime | None:
     """The runtime named ``Runtime.ident`` (what the transport finds through its transport options), or None."""
     return _by_ident.get(ident) if ident else None
+
+
+def source_tag_of(payload: bytes) -> str | None:
+    """The delivery tag of the consumed message a parked payload (either format) came from."""
+    direct = DirectPayload.loads(payload)
+    if direct is not None:
+        return (json.loads(direct.element).get("properties") or {}).get(SOURCE_TAG_PROPERTY)
+    return Envelope.loads(payload).extra.get(SOURCE_TAG)
 
 
 def runtime_of(app: Any) -> Runtime:

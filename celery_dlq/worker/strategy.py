@@ -166,7 +166,6 @@ def uncount_unstarted(runtime: Runtime) -> int:
     their next receipt counts them again. Left alone, those counts would let a
     few restarts dead-letter messages that never ran.
     """
-    app = runtime.app
     unstarted = [req for req in list(state.reserved_requests)
                  if req not in state.active_requests
                  and getattr(req, "_message", None) is not None

@@ -50,7 +50,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from kombu.utils.uuid import uuid
 
-from celery_dlq.message import decode_raw, envelope_error, raw_dead_letter
+from celery_dlq.element import envelope_error, raw_dead_letter
+from celery_dlq.message import decode_raw
 from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident

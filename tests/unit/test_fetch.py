@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kombu.transport.virtual import Message
 
 from celery_dlq import headers as H
-from celery_dlq.message import envelope_error, raw_dead_letter
+from celery_dlq.element import envelope_error, raw_dead_letter
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.worker import transport as T

@@ -396,7 +396,7 @@ def test_replay_without_an_original_queue_fails_that_message_only(op, fake):
 
 
 def test_a_raw_invalid_element_is_listed_shown_as_bytes_and_never_replayed(op, fake):
-    from celery_dlq.message import raw_dead_letter
+    from celery_dlq.element import raw_dead_letter
 
     fake.lpush("DLQ.orders", raw_dead_letter(b"\x00not json", queue="orders", dlq="DLQ.orders", error="not JSON",
                                              worker="w", now=T0, tag="t1"))

@@ -24,7 +24,7 @@ for i = 3, #ARGV, 2 do
     local score = redis.call('ZSCORE', KEYS[1], id)
     if score and tonumber(score) == tonumber(ARGV[i + 1]) then
         redis.call('ZREM', KEYS[1], id)
-        local queue = redis.call('HGET', KEYS[3], id)
+        local queue = parked_queue(KEYS[3], id, redis.call('HGET', KEYS[2], id))
         redis.call('HDEL', KEYS[2], id)
         redis.call('HDEL', KEYS[3], id)
         if queue and redis.call('HINCRBY', KEYS[4], queue, -1) <= 0 then

@@ -35,7 +35,7 @@ for _, id in ipairs(due) do
         redis.call('ZADD', KEYS[2], lease_until, id)
         claimed[#claimed + 1] = id
         claimed[#claimed + 1] = payload
-        claimed[#claimed + 1] = redis.call('HGET', KEYS[4], id) or ''
+        claimed[#claimed + 1] = parked_queue(KEYS[4], id, payload) or ''
     else
         local queue = redis.call('HGET', KEYS[4], id)
         redis.call('HDEL', KEYS[4], id)

@@ -1,4 +1,4 @@
--- Fetch: pop the next message of a worker's queues and record it as unacknowledged, in one step.
+-- fetch.lua: pop the next message of a worker's queues and record it as unacknowledged, in one step.
 -- kombu's BRPOP and its unacked write are two round trips: a message popped
 -- but not yet recorded is lost if the worker dies or Redis restarts between
 -- them. Here nothing is popped without being recorded, and a list element

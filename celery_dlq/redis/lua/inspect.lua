@@ -15,7 +15,7 @@ local payload = redis.call('HGET', KEYS[3], id)
 if not payload then
     return {}
 end
-local queue = redis.call('HGET', KEYS[4], id) or ''
+local queue = parked_queue(KEYS[4], id, payload) or ''
 local score = redis.call('ZSCORE', KEYS[1], id)
 if score then
     return {payload, queue, 'delayed', score}

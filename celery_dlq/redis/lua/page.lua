@@ -20,7 +20,7 @@ for i = 1, #ids, 2 do
     local id, score = ids[i], ids[i + 1]
     local payload = redis.call('HGET', KEYS[2], id)
     if payload then
-        rows[#rows + 1] = {id, score, payload, redis.call('HGET', KEYS[3], id) or ''}
+        rows[#rows + 1] = {id, score, payload, parked_queue(KEYS[3], id, payload) or ''}
     else
         rows[#rows + 1] = {id, score}
     end

@@ -27,7 +27,9 @@ if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
     return 0
 end
 redis.call('HSET', KEYS[3], id, ARGV[2])
-redis.call('HSET', KEYS[4], id, ARGV[3])
+if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue itself (lib.lua)
+    redis.call('HSET', KEYS[4], id, ARGV[3])
+end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[6], 'parked', 1)

@@ -1,4 +1,4 @@
--- Dead-letter a fetched message that cannot become a task: out of unacked, into its DLQ, in one step.
+-- reject_invalid.lua: dead-letter a fetched message that cannot become a task: out of unacked, into its DLQ, in one step.
 --
 -- KEYS[1] = unacked        (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
 -- KEYS[2] = unacked_index  (ZSET) kombu's: delivery tag -> time fetched

@@ -1,4 +1,4 @@
--- Move one raw element from a queue's quarantine to its dead-letter queue, wrapped as a dead letter.
+-- release_quarantine.lua: move one raw element from a queue's quarantine to its dead-letter queue, wrapped as a dead letter.
 --
 -- KEYS[1] = quarantine     (LIST) raw elements that were not kombu messages
 -- KEYS[2] = dead-letter queue list (LIST) kombu pushes on the left

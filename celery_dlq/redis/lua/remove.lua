@@ -12,7 +12,7 @@
 
 local id = ARGV[1]
 local removed = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
-local queue = redis.call('HGET', KEYS[4], id)
+local queue = parked_queue(KEYS[4], id, redis.call('HGET', KEYS[3], id))
 removed = removed + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
 if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
     redis.call('HDEL', KEYS[5], queue)

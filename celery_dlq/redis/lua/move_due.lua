@@ -1,0 +1,81 @@
+-- move_due.lua: move every due direct-format entry onto its destination list, inside Redis.
+--
+-- KEYS[1] = delayed   (ZSET) entry_id -> due time (ms)
+-- KEYS[2] = leases    (ZSET) entry_id -> lease expiry (ms)
+-- KEYS[3] = payloads  (HASH) entry_id -> payload bytes
+-- KEYS[4] = queues    (HASH) entry_id -> original queue name (publish format only)
+-- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
+-- KEYS[6] = stats     (HASH) counter name -> integer: `redelivered` counts the moves
+-- KEYS[7] = events    (STREAM) the archive: one `redelivered` event per move
+-- KEYS[8], KEYS[9], ... = destination lists (LIST) the caller expects (kombu's lists of the parked
+--                         queues, every priority step); a payload naming another list is left for the
+--                         publish path, so every key the script touches is passed in KEYS
+--
+-- ARGV[1] = now (ms)
+-- ARGV[2] = limit: most due entries looked at
+-- ARGV[3] = the archive's MAXLEN (approximate); 0: no events
+-- ARGV[4] = the events' time (integer microseconds)
+-- ARGV[5] = the stats counter that counts the moves ("" for none)
+--
+-- Expired leases (a publish-path mover died mid-batch) become due again first.
+-- Then up to `limit` due entries, oldest due first: a direct-format entry is
+-- LPUSHed (as kombu publishes) onto its list and deleted with its bookkeeping
+-- in the same step, so nothing is lost and nothing moves twice; a
+-- publish-format entry (parked before an upgrade, or for another broker), or
+-- one for a list not in KEYS, is left where it is for the publish path.
+-- Returns {moved, left}: how many moved, and how many due entries were left.
+
+local now, limit = ARGV[1], tonumber(ARGV[2])
+local max_length, ts = tonumber(ARGV[3]), ARGV[4]
+
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZADD', KEYS[1], now, id)
+end
+
+local lists = {}
+for i = 8, #KEYS do
+    lists[KEYS[i]] = i
+end
+
+local moved, left = 0, 0
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(due) do
+    local payload = redis.call('HGET', KEYS[3], id)
+    local parts = direct_parts(payload)
+    local list = parts and lists[parts.dest]
+    if list then
+        redis.call('LPUSH', KEYS[list], parts.element)
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HDEL', KEYS[3], id)
+        if redis.call('HINCRBY', KEYS[5], parts.queue, -1) <= 0 then
+            redis.call('HDEL', KEYS[5], parts.queue)
+        end
+        moved = moved + 1
+        if max_length > 0 then
+            -- entry ids are <task id>:<delivery>[:<delivery tag>]; a delivery tag is never all digits
+            local task_id, delivery = string.match(id, '^(.*):(%d+)$')
+            if not task_id then
+                task_id, delivery = string.match(id, '^(.*):(%d+):[^:]*$')
+            end
+            redis.pcall('XADD', KEYS[7], 'MAXLEN', '~', max_length, '*', 'v', '1', 'type', 'redelivered',
+                        'ts_us', ts, 'task_id', task_id or id, 'task_name', parts.task,
+                        'queue', parts.queue, 'delivery', delivery or '0')
+        end
+    elseif payload then
+        left = left + 1
+    else
+        -- no payload: nothing can be delivered (as claim_due.lua does)
+        redis.call('ZREM', KEYS[1], id)
+        local queue = redis.call('HGET', KEYS[4], id)
+        redis.call('HDEL', KEYS[4], id)
+        if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
+            redis.call('HDEL', KEYS[5], queue)
+        end
+    end
+end
+if moved > 0 and ARGV[5] ~= '' then
+    redis.call('HINCRBY', KEYS[6], ARGV[5], moved)
+end
+return {moved, left}

@@ -1,0 +1,125 @@
+"""The direct parked format: kombu's own element, parked and moved back inside Redis (move_due.lua)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+from kombu.transport.virtual import Message
+
+import celery_dlq
+from celery_dlq import headers as H
+from celery_dlq.element import SOURCE_TAG_PROPERTY, envelope_error
+from celery_dlq.message import Envelope
+from celery_dlq.ops.parked import ParkedRetry
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.keys import Keys, QueueLists, Stat
+from celery_dlq.redis.store import DelayedStore, DirectPayload
+from tests.unit.test_fetch import FakeChannel, celery_message
+
+T0 = 1_700_000_000.0
+FAILURE = {"type": "ValueError", "message": "boom", "traceback": "tb"}
+
+
+def element(tag: str, task_id: str = "id-1") -> bytes:
+    return json.dumps(celery_message(task_id=task_id, tag=tag)).encode()
+
+
+def test_a_direct_payload_round_trips_and_refuses_a_nul_in_its_names():
+    payload = DirectPayload("orders", "g:orders\x06\x169", "shop.charge", b'{"a": "\x00 kept"}')
+    assert DirectPayload.loads(payload.dumps()) == payload
+    assert DirectPayload.loads(Envelope(b"", None, None, {}, {}, "", "q", "q").dumps()) is None
+    with pytest.raises(ValueError):
+        DirectPayload("or\0ders", "d", "t", b"{}").dumps()
+
+
+@pytest.fixture
+def store(any_redis, unique):
+    store = DelayedStore(any_redis, Keys(f"d{unique}"), clock=lambda: T0)
+    yield store
+    any_redis.delete(*store.keys.store_keys(), store.keys.stats, store.keys.events)
+
+
+def test_move_due_moves_direct_entries_inside_redis_and_leaves_the_publish_format(store, unique):
+    c, k = store.client, store.keys
+    orders, high = f"orders{unique}", f"orders{unique}\x06\x169"
+    store.park("a:2", DirectPayload(orders, orders, "shop.charge", element("ta", "a")).dumps(), orders, due=T0 - 3)
+    store.park("b:3", DirectPayload(orders, high, "shop.charge", element("tb", "b")).dumps(), orders, due=T0 - 2)
+    store.park("c:2", DirectPayload("other", "other", "shop.x", element("tc", "c")).dumps(), "other", due=T0 - 1)
+    store.park("d:2", b'{"v": 1, "body": ""}', orders, due=T0 - 1)               # the publish format
+    store.park("e:2", DirectPayload(orders, orders, "shop.charge", element("te", "e")).dumps(), orders, due=T0 + 60)
+    assert not c.hexists(k.queues, "a:2") and c.hget(k.queues, "d:2") == orders.encode()
+    try:
+        moved, left = store.move_due([orders, high], limit=10, events_max_length=100, counter=Stat.REDELIVERED,
+                                     now=T0)
+        assert (moved, left) == (2, 2)          # c names a list not given; d is for the publish path
+        assert c.lrange(orders, 0, -1) == [element("ta", "a")] and c.lrange(high, 0, -1) == [element("tb", "b")]
+        assert store.get("a:2") is None and store.get("b:3") is None and store.get("c:2").due == T0 - 1
+        assert store.counts_by_queue() == {orders: 2, "other": 1}                   # d and e; c
+        assert c.hget(k.stats, Stat.REDELIVERED) == b"2"
+        events = [event for _, event in EventLog(c, k, 100).events()]
+        assert [(e.type, e.task_id, e.delivery, e.queue, e.task_name) for e in events] == [
+            ("redelivered", "a", 2, orders, "shop.charge"), ("redelivered", "b", 3, orders, "shop.charge")]
+        assert events[0].ts_us == int(T0 * 1_000_000)
+        assert store.move_due([orders, high], limit=10, now=T0) == (0, 2)          # nothing twice
+    finally:
+        c.delete(orders, high, "other")
+
+
+def test_move_due_first_restores_expired_leases_and_takes_the_tag_suffixed_entry_ids(store, unique):
+    c, q = store.client, f"q{unique}"
+    store.park(f"x:1:2:{'a' * 8}-bc", DirectPayload(q, q, "t", element("t1", "x:1")).dumps(), q, due=T0 - 10)
+    [claimed] = store.claim_due(lease=5, now=T0 - 9)        # a publish-path mover took it, then died
+    assert claimed.lease_until < T0
+    try:
+        assert store.move_due([q], limit=10, events_max_length=10, now=T0) == (1, 0)
+        assert c.llen(q) == 1 and store.count() == 0
+        [(_, event)] = list(EventLog(c, store.keys, 10).events())
+        assert (event.task_id, event.delivery) == ("x:1", 2)
+    finally:
+        c.delete(q)
+
+
+# -- parking from a consumed kombu message -------------------------------------------
+
+@pytest.fixture
+def consumed(redis_server, unique):
+    """A real Celery message consumed from the test redis-server by kombu (``message._raw`` is its element)."""
+    app = Celery("direct", broker=redis_server.url, set_as_current=False)
+    app.conf.update(task_default_queue=f"q{unique}", dlq_key_prefix=f"dp{unique}",
+                    broker_transport_options={"global_keyprefix": f"g{unique}:"})
+    app.send_task("shop.charge", args=(7,), queue=f"q{unique}", priority=9)
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(f"q{unique}", no_ack=False)
+        message = queue.get(timeout=5)
+        message.ack()
+        yield app, message
+        queue.close()
+
+
+def test_a_failure_on_a_redis_broker_parks_the_element_kombu_will_pop(consumed, unique):
+    app, message = consumed
+    runtime = celery_dlq.install(app)
+    assert runtime.direct
+    envelope = Envelope.from_message(message, f"q{unique}")
+    runtime.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)
+    runtime.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)   # a repeat
+    [entry] = list(runtime.store.entries())
+    direct = DirectPayload.loads(entry.payload)
+    dest = QueueLists.of(app.conf.broker_transport_options).key(f"q{unique}", 9)
+    assert (direct.queue, direct.dest, direct.task) == (f"q{unique}", dest, "shop.charge")
+    assert dest.startswith(f"g{unique}:")
+    doc = json.loads(direct.element)
+    assert envelope_error(doc) is None and doc["body"] == message._raw["body"]     # kombu's encoding kept
+    assert doc["headers"][H.DELIVERY_COUNT] == 2 and doc["headers"]["retries"] == 1
+    assert doc["headers"][H.LAST_EXCEPTION] == "ValueError: boom"
+    assert doc["properties"]["delivery_tag"] != message.delivery_tag
+    assert doc["properties"][SOURCE_TAG_PROPERTY] == message.delivery_tag
+    assert "redelivered" not in doc["properties"]["delivery_info"] and "redelivered" not in doc["headers"]
+    rebuilt = Message(doc, channel=FakeChannel())
+    assert rebuilt.body == message.body and rebuilt.headers["id"] == message.headers["id"]
+    retry = ParkedRetry.from_entry(entry)
+    assert (retry.task_id, retry.task_name, retry.delivery_count) == (message.headers["id"], "shop.charge", 2)
+    moved, left = runtime.store.move_due(runtime.lists.keys(f"q{unique}"), limit=10, now=entry.due + 1)
+    assert (moved, left) == (1, 0) and runtime.client.lrange(dest, 0, -1) == [direct.element]
+    runtime.client.delete(dest)
