@@ -22,6 +22,7 @@ from kombu.utils import json
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
+from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.lists import OldestFirst
 
@@ -155,6 +156,7 @@ class DeadLetterQueue:
         out.done += sum(moved)
         out.missing += len(plans) - sum(moved)
         self.op.count(Stat.REPLAYED, sum(moved))
+        self._count(metrics.Metric.REPLAYED, sum(moved))
         self.op.archive.replayed([plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
         return len(plans)
 
@@ -171,7 +173,13 @@ class DeadLetterQueue:
         else:
             out = self._remove(where, limit, progress, batch)
         self.op.count(Stat.PURGED, out.done)
+        self._count(metrics.Metric.PURGED, out.done)
         return out
+
+    def _count(self, metric: str, n: int) -> None:
+        """Raise the exporter's ``metric{dlq=<this DLQ>}`` by ``n`` (``redis/metrics.py``)."""
+        if n:
+            metrics.incr(self.op.client, self.op.keys, metric, n, dlq=self.name)
 
     def _delete_lists(self) -> Outcome:
         """Every list of the DLQ deleted in one transaction, counted as it goes."""

@@ -93,6 +93,11 @@ class Keys:
         return self.base + ":stats"
 
     @property
+    def metrics(self) -> str:
+        """HASH ``metric{label="value",...}`` -> integer: the exporter's ``_total`` counters (``metrics.py``)."""
+        return self.base + ":metrics"
+
+    @property
     def events(self) -> str:
         """STREAM, capped: the dead-letter archive (park, redelivery, dead letter, ...; ``events.py``)."""
         return self.base + ":events"

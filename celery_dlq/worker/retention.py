@@ -10,7 +10,8 @@ Oldest first: the right end of the DLQ's lists (kombu pushes on the left),
 merged across priority sub-lists by dead-lettered time. Each message goes by
 its exact value (``LREM``), so a concurrent replay or purge of the same
 message makes one of them find it gone, never both act on it. Every trimmed
-message is logged and counted (``stats`` hash, ``dead_letters_trimmed``).
+message is logged and counted (``stats`` hash, ``dead_letters_trimmed``;
+the exporter's ``trimmed_total{dlq}``).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any, Iterator
 
 from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.redis import metrics
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.client import broker_client
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
@@ -88,7 +90,10 @@ class Retention:
             for why, raws in gone.items():  # the archive keeps what retention deletes
                 self.archive.trimmed(raws, dlq=dlq, why=why)
         if trimmed:
-            self.client.hincrby(self.keys.stats, Stat.TRIMMED, trimmed)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hincrby(self.keys.stats, Stat.TRIMMED, trimmed)
+            metrics.incr(pipe, self.keys, metrics.Metric.TRIMMED, trimmed, dlq=dlq)
+            pipe.execute()
         return trimmed
 
     def _victims(self, keys: list[str], max_length: int | None, cutoff: float | None,

@@ -21,9 +21,15 @@ _db_counter = itertools.cycle(range(1, 16))
 class Worker:
     """A `celery worker` subprocess (prefork) for the test app in tests/integration/proj.py."""
 
-    def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None):
-        self.env, self.concurrency, self.name, self.log_path = env, concurrency, name, log_path
+    def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None,
+                 cwd: Path = ROOT):
+        self.env, self.concurrency, self.name, self.log_path, self.cwd = env, concurrency, name, log_path, cwd
         self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def root() -> Path:
+        """The checkout the tests run from."""
+        return ROOT
 
     def start(self, wait_ready: bool = True) -> "Worker":
         self._log = open(self.log_path, "ab")
@@ -32,7 +38,7 @@ class Worker:
              "-P", "prefork", "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
              "-n", f"{self.name}@%h", "--without-heartbeat", "--without-mingle", "--without-gossip",
              "-l", "INFO"],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         if wait_ready:
             self.wait_for_log("ready.", timeout=30)

@@ -123,3 +123,21 @@ def test_a_failure_on_a_redis_broker_parks_the_element_kombu_will_pop(consumed, 
     moved, left = runtime.store.move_due(runtime.lists.keys(f"q{unique}"), limit=10, now=entry.due + 1)
     assert (moved, left) == (1, 0) and runtime.client.lrange(dest, 0, -1) == [direct.element]
     runtime.client.delete(dest)
+
+
+def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(consumed, unique):
+    """What a lease-protocol mover does with a direct entry (an old worker's claim, a list not known yet)."""
+    from celery_dlq.worker.mover import MoverThread
+
+    app, message = consumed
+    runtime = celery_dlq.install(app)
+    runtime.redeliver_later(Envelope.from_message(message, f"q{unique}"), delivery=1, failure=FAILURE, delay=0,
+                            message=message)
+    claimed = runtime.store.claim_due(lease=30, now=T0 * 2)
+    assert len(claimed) == 1
+    mover = MoverThread(app, runtime)
+    assert mover._publish(claimed) == 1
+    dest = runtime.lists.key(f"q{unique}", 9)
+    [element] = runtime.client.lrange(dest, 0, -1)
+    assert element == DirectPayload.loads(claimed[0].payload).element and runtime.store.count() == 0
+    runtime.client.delete(dest)

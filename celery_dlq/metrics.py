@@ -1,0 +1,264 @@
+"""Prometheus metrics of an app's DLQs, parked retries and counters, read from Redis at scrape time.
+
+:class:`DLQCollector` is a prometheus-client collector: ``celery dlq
+exporter`` serves it (:func:`serve`), and an app that already serves
+``/metrics`` (Django, FastAPI, Flower-style) registers it::
+
+    from prometheus_client import REGISTRY
+    from celery_dlq.metrics import DLQCollector
+    REGISTRY.register(DLQCollector(app))
+
+Nothing is kept in the exporter: every scrape reads Redis, so one exporter
+covers every worker, and its cost is a handful of round trips, O(number of
+DLQs and label sets), never O(DLQ depth):
+
+* ``celery_dlq_dead_letters{dlq,queue}``: ``LLEN`` of each priority
+  sub-list (``queue`` is "" for a DLQ shared by several queues);
+* ``celery_dlq_oldest_dead_letter_age_seconds{dlq}``: ``LINDEX key -1`` (the
+  oldest element) of each sub-list and its ``x-dlq-dead-lettered-at``;
+  absent while the DLQ holds no dated dead letter;
+* ``celery_dlq_parked{queue}``: the store's per-queue count (one ``HGETALL``);
+* ``celery_dlq_overdue_parked{queue}``: parked or leased entries more than
+  ``overdue_after`` seconds (default 5 mover intervals) past due, which only
+  happens when no mover is moving them. ``ZCOUNT`` gives the exact total; the
+  store keeps no per-queue index by time, so only the
+  :data:`OVERDUE_SAMPLE` most overdue entries are attributed to their queue
+  (``ZRANGEBYSCORE ... LIMIT``, ``HMGET``) and the rest are reported with
+  ``queue=""``: ``sum(celery_dlq_overdue_parked)`` is always exact, and each
+  queue's value is exact while at most that many entries are overdue;
+* the ``_total`` counters of :mod:`celery_dlq.redis.metrics` (one ``HGETALL``);
+* ``celery_dlq_scrape_duration_seconds``: what reading all that took;
+* ``celery_dlq_redis_up``: 0 when Redis could not be read. The scrape then
+  yields that gauge alone; the collector never raises.
+
+DLQs are found as ``celery dlq queues`` finds them (configuration and SCAN).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import redis
+from kombu.utils.url import maybe_sanitize_url
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from celery_dlq.errors import BrokerNotSupported
+from celery_dlq.message import as_text, decode_raw
+from celery_dlq.ops.operator import Operator
+from celery_dlq.redis import metrics as totals
+from celery_dlq.redis.client import broker_url
+from celery_dlq.redis.store import to_ms
+from celery_dlq.settings import DLQSettings, client_url
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "celery_dlq_"
+#: A parked entry this many mover intervals past due means no mover is moving it.
+OVERDUE_INTERVALS = 5
+#: At most this many overdue entries are attributed to their queue per scrape.
+OVERDUE_SAMPLE = 1000
+#: Seconds a scrape waits for Redis (connect, then each reply): less than Prometheus' 10 s scrape timeout.
+REDIS_TIMEOUT = 5.0
+DEFAULT_PORT = 9808
+
+GAUGES = {
+    "dead_letters": ("Dead letters in a DLQ, every priority sub-list counted.", ("dlq", "queue")),
+    "oldest_dead_letter_age_seconds": ("Seconds since the oldest dead letter of a DLQ was dead-lettered.", ("dlq",)),
+    "parked": ("Retries parked (or being moved) for a queue.", ("queue",)),
+    "overdue_parked": ("Parked retries past due by more than a few mover intervals: no mover is moving them.",
+                       ("queue",)),
+    "scrape_duration_seconds": ("Seconds the last successful scrape of Redis took.", ()),
+    "redis_up": ("1 when the exporter could read Redis, 0 when it could not.", ()),
+}
+
+
+def gauge(name: str) -> GaugeMetricFamily:
+    """An empty family of the gauge ``name`` (:data:`GAUGES`)."""
+    doc, labels = GAUGES[name]
+    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+
+def total(metric: str) -> CounterMetricFamily:
+    """An empty family of the counter ``metric`` (:class:`celery_dlq.redis.metrics.Metric`)."""
+    return CounterMetricFamily(PREFIX + metric, totals.Metric.HELP[metric], labels=list(totals.Metric.LABELS[metric]))
+
+
+def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
+    """An :class:`Operator` whose clients give up after ``timeout`` seconds (a hung Redis fails the scrape fast).
+
+    On a broker that is not Redis the DLQs cannot be read: the operator has
+    no broker client and the DLQ gauges are left out.
+    """
+    settings = DLQSettings.from_conf(app.conf)
+    client = _client(settings.redis_url, timeout)
+    try:
+        url = broker_url(app.conf)
+    except BrokerNotSupported:
+        return Operator(app, client=client)
+    return Operator(app, client=client, broker=client if url == settings.redis_url else _client(url, timeout))
+
+
+def _client(url: str, timeout: float) -> redis.Redis:
+    return redis.Redis.from_url(client_url(url), socket_connect_timeout=timeout, socket_timeout=timeout)
+
+
+class DLQCollector(Collector):
+    """The metrics of one app, read from Redis on every :meth:`collect`.
+
+    ``operator`` and ``clock`` may be given, as tests do; ``overdue_after``
+    defaults to :data:`OVERDUE_INTERVALS` x ``dlq_mover_interval``.
+    """
+
+    def __init__(self, app: Any = None, *, operator: Operator | None = None, clock: Callable[[], float] = time.time,
+                 overdue_after: float | None = None, overdue_sample: int = OVERDUE_SAMPLE) -> None:
+        if operator is None and app is None:
+            raise TypeError("DLQCollector needs an app (or an operator)")
+        self.op = operator if operator is not None else scrape_operator(app)
+        self.clock, self.overdue_sample = clock, overdue_sample
+        interval = self.op.settings.mover_interval
+        self.overdue_after = OVERDUE_INTERVALS * interval if overdue_after is None else overdue_after
+        #: The Redis URLs read, passwords masked (for logs).
+        self.where = self.op.settings.safe_redis_url
+        try:
+            url = broker_url(self.op.app.conf)
+        except BrokerNotSupported:
+            self.lists_readable = False   # DLQs are not Redis lists: parked retries and counters only
+        else:
+            self.lists_readable = True
+            if url != self.op.settings.redis_url:
+                self.where += f" and the broker's Redis at {maybe_sanitize_url(url)}"
+        self._up: bool | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, without samples: registering the collector reads nothing from Redis."""
+        for name in GAUGES:
+            yield gauge(name)
+        for metric in totals.Metric.LABELS:
+            yield total(metric)
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            families = self.read()
+        except Exception as exc:   # a scrape never fails: it says Redis is down
+            self._went_down(exc)
+            up = gauge("redis_up")
+            up.add_metric([], 0)
+            yield up
+            return
+        if self._up is False:
+            logger.info("celery-dlq exporter: Redis at %s can be read again", self.where)
+        self._up = True
+        yield from families
+        duration = gauge("scrape_duration_seconds")
+        duration.add_metric([], time.perf_counter() - started)
+        yield duration
+        up = gauge("redis_up")
+        up.add_metric([], 1)
+        yield up
+
+    def _went_down(self, exc: BaseException) -> None:
+        """Log the first failure after a success (or at start), not every scrape."""
+        if self._up is not False:
+            expected = isinstance(exc, (redis.RedisError, OSError))
+            logger.warning("celery-dlq exporter: cannot read Redis at %s: %s", self.where, exc,
+                           exc_info=not expected)
+        self._up = False
+
+    def read(self) -> list[Metric]:
+        """Every family but ``redis_up``, read now; raises what Redis raises."""
+        now = self.clock()
+        parked_by_queue = self.op.parked.store.counts_by_queue()
+        families = []
+        if self.lists_readable:
+            dlqs = {**self.op.known(parked_by_queue), **self.op.quarantines()}
+            families += self.dead_letters(dlqs, now)
+        parked = gauge("parked")
+        for queue, n in sorted(parked_by_queue.items()):
+            parked.add_metric([queue], n)
+        families += [parked, self.overdue(now, parked_by_queue), *self.totals()]
+        return families
+
+    def dead_letters(self, dlqs: dict[str, str | None], now: float) -> list[Metric]:
+        """Depth and oldest age of each DLQ: ``LLEN`` and ``LINDEX -1`` of each sub-list, one pipeline."""
+        lists = {name: self.op.list_keys(name) for name in sorted(dlqs)}
+        pipe = self.op.broker.pipeline(transaction=False)
+        for keys in lists.values():
+            for key in keys:
+                pipe.llen(key)
+                pipe.lindex(key, -1)
+        replies = iter(pipe.execute())
+        depth, age = gauge("dead_letters"), gauge("oldest_dead_letter_age_seconds")
+        for name, keys in lists.items():
+            total, oldest = 0, None
+            for _ in keys:
+                length, tail = next(replies), next(replies)
+                total += int(length)
+                at = decode_raw(tail).dead_lettered_at if tail is not None else None
+                if at is not None and (oldest is None or at < oldest):
+                    oldest = at
+            depth.add_metric([name, dlqs[name] or ""], total)
+            if oldest is not None:
+                age.add_metric([name], max(0.0, now - oldest))
+        return [depth, age]
+
+    def overdue(self, now: float, parked_by_queue: dict[str, int]) -> Metric:
+        """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring."""
+        k, cutoff = self.op.keys, to_ms(now - self.overdue_after)
+        pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
+        for key in (k.delayed, k.leases):
+            pipe.zcount(key, "-inf", cutoff)
+        for key in (k.delayed, k.leases):
+            pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=self.overdue_sample)
+        in_delayed, in_leases, due_ids, leased_ids = pipe.execute()
+        sample = (due_ids + leased_ids)[:self.overdue_sample]
+        found = self.op.client.hmget(k.queues, sample) if sample else []
+        by_queue = Counter({queue: 0 for queue in parked_by_queue})
+        by_queue.update(as_text(queue) for queue in found if queue is not None)
+        family = gauge("overdue_parked")
+        for queue, n in sorted(by_queue.items()):
+            family.add_metric([queue], n)
+        unattributed = int(in_delayed) + int(in_leases) - sum(by_queue.values())
+        if unattributed > 0:
+            family.add_metric([""], unattributed)
+        return family
+
+    def totals(self) -> list[Metric]:
+        """The ``_total`` counters, a family per metric (HELP and TYPE even before the first count)."""
+        families = {metric: total(metric) for metric in totals.Metric.LABELS}
+        for (metric, labels), value in sorted(totals.read(self.op.client, self.op.keys).items()):
+            families[metric].add_metric([v for _, v in labels], value)
+        return list(families.values())
+
+
+@dataclass
+class Exporter:
+    """A running ``/metrics`` server (prometheus-client's own, in a daemon thread)."""
+
+    collector: DLQCollector
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.server.server_address[:2]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve(app: Any, port: int = DEFAULT_PORT, bind: str = "127.0.0.1") -> Exporter:
+    """Serve ``app``'s metrics on ``http://bind:port/metrics`` until :meth:`Exporter.close`."""
+    collector = DLQCollector(app)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    server, thread = start_http_server(port, addr=bind, registry=registry)
+    return Exporter(collector, server, thread)
