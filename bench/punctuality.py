@@ -46,7 +46,7 @@ def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
         due = start + i / RATE
         doc["headers"]["bench-due"] = due
         doc["headers"]["id"] = f"punct-{i}"
-        script(keys=keys, args=[f"punct-{i}:2", json.dumps(doc), QUEUE, to_ms(due), 0], client=pipe)
+        script(keys=keys, args=[f"punct-{i}:2", json.dumps(doc), QUEUE, to_ms(due), 0, ""], client=pipe)
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()

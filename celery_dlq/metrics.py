@@ -36,16 +36,19 @@ DLQs are found as ``celery dlq queues`` finds them (configuration and SCAN).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
 from kombu.utils.url import maybe_sanitize_url
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from celery_dlq.errors import BrokerNotSupported
@@ -210,7 +213,7 @@ class DLQCollector(Collector):
 
     def overdue(self, now: float, parked_by_queue: dict[str, int]) -> Metric:
         """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring."""
-        k, cutoff = self.op.keys, to_ms(now - self.overdue_after)
+        k, cutoff = self.op.keys, f"({to_ms(now - self.overdue_after)}"   # strictly older than the cutoff
         pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
         for key in (k.delayed, k.leases):
             pipe.zcount(key, "-inf", cutoff)
@@ -237,17 +240,35 @@ class DLQCollector(Collector):
         return list(families.values())
 
 
+def classic_text(app: Callable) -> Callable:
+    """``app`` answering in Prometheus' text format 0.0.4 whatever the scraper accepts.
+
+    In OpenMetrics a counter's family drops ``_total``, so the counter
+    ``celery_dlq_parked_total`` and the gauge ``celery_dlq_parked`` would be
+    two families of one name (Prometheus then files the gauge as a counter).
+    The classic format names the counter's family ``celery_dlq_parked_total``.
+    """
+    def wsgi(environ: dict, start_response: Callable) -> Any:
+        return app({key: value for key, value in environ.items() if key != "HTTP_ACCEPT"}, start_response)
+    return wsgi
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:   # no line per scrape on stderr
+        pass
+
+
 @dataclass
 class Exporter:
-    """A running ``/metrics`` server (prometheus-client's own, in a daemon thread)."""
+    """A running ``/metrics`` server: prometheus-client's WSGI app on wsgiref, a thread per scrape."""
 
     collector: DLQCollector
-    server: Any
+    server: WSGIServer
     thread: threading.Thread
 
     @property
     def address(self) -> tuple[str, int]:
-        return self.server.server_address[:2]
+        return self.server.server_address[0], self.server.server_address[1]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -260,5 +281,9 @@ def serve(app: Any, port: int = DEFAULT_PORT, bind: str = "127.0.0.1") -> Export
     collector = DLQCollector(app)
     registry = CollectorRegistry()
     registry.register(collector)
-    server, thread = start_http_server(port, addr=bind, registry=registry)
+    family, _, _, _, address = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    server_class = type("Server", (ThreadingWSGIServer,), {"address_family": family})
+    server = make_server(address[0], port, classic_text(make_wsgi_app(registry)), server_class, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="celery-dlq-exporter", daemon=True)
+    thread.start()
     return Exporter(collector, server, thread)

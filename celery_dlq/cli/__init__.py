@@ -11,7 +11,7 @@ rich is imported only when something is printed, pyarrow only by ``export``
 and ``replay --plan``, pyspark only by ``report``: Celery imports every
 ``celery.commands`` plugin for every command, ``celery worker`` included.
 """
-from celery_dlq.cli import analytics, letters, parked  # noqa: F401  (each adds its verbs to the group)
+from celery_dlq.cli import analytics, exporter, letters, parked  # noqa: F401  (each adds its verbs to the group)
 from celery_dlq.cli.base import dlq
 
 __all__ = ["dlq"]

@@ -19,7 +19,7 @@ field in Python and passes it in (``HINCRBY KEYS[n] ARGV[m] 1``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from celery_dlq.redis.keys import Keys
 
@@ -43,7 +43,7 @@ class Metric:
     PURGED = "purged_total"                    # operator tools: deleted from a DLQ
     TRIMMED = "trimmed_total"                  # retention: deleted over a DLQ's length or age limit
 
-    LABELS: dict[str, tuple[str, ...]] = {
+    LABELS: ClassVar[dict[str, tuple[str, ...]]] = {
         PARKED: ("queue", "task"),
         REDELIVERED: ("queue", "task"),
         DEAD_LETTERED: ("queue", "task", "reason"),
@@ -53,7 +53,7 @@ class Metric:
         TRIMMED: ("dlq",),
     }
 
-    HELP: dict[str, str] = {
+    HELP: ClassVar[dict[str, str]] = {
         PARKED: "Failed deliveries parked for a later delivery.",
         REDELIVERED: "Parked retries moved back to their queue.",
         DEAD_LETTERED: "Messages published to a dead-letter queue.",

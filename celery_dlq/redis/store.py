@@ -141,7 +141,8 @@ class DelayedStore:
     # -- the mover's side ------------------------------------------------------
 
     def park(self, entry_id: str, payload: bytes, queue: str, due: float,
-             event: Mapping[str, str] | None = None, events_max_length: int = 0) -> bool:
+             event: Mapping[str, str] | None = None, events_max_length: int = 0,
+             ack: tuple[Sequence[str], str] | None = None) -> bool:
         """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
@@ -150,13 +151,16 @@ class DelayedStore:
         counter of the stats hash is raised, and ``event`` (stream fields) is
         appended to the archive (capped at ``events_max_length``; 0: none), in
         the same script: one round trip. An archive error is logged, never
-        raised: the message is parked.
+        raised: the message is parked. ``ack`` is ``(keys, delivery tag)``:
+        kombu's ``unacked`` hash, its index and the consumer's ``fetched``
+        set, from which the consumed message is removed in the same script.
         """
-        args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0]
+        ack_keys, tag = ack if ack is not None else ((), "")
+        args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag]
         for name, value in (event or {}).items():
             args += [name, value]
         result = int(self._scripts.run(
-            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events), args))
+            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, *ack_keys), args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
                            self.keys.events)

@@ -233,14 +233,20 @@ class Runtime:
             if event and event.get("payload_hash"):  # the mover's redelivered event reuses it
                 extra[PAYLOAD_HASH] = event["payload_hash"]
             payload = replace(copy, extra=extra).dumps()
-        if not self._park_once(payload, envelope, nxt, due, event, max_length):
+        channel = getattr(message, "channel", None) if raw is not None else None
+        settle = channel if callable(getattr(channel, "settled", None)) else None
+        ack = (settle.ack_keys(), envelope.delivery_tag) if settle is not None and envelope.delivery_tag else None
+        parked = self._park_once(payload, envelope, nxt, due, event, max_length, ack)
+        if ack is not None:   # the park script acknowledged the consumed message: kombu's ack only forgets it
+            settle.settled(envelope.delivery_tag)
+        if not parked:
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
         return due
 
     def _park_once(self, payload: bytes, envelope: Envelope, nxt: int, due: float,
-                   event: Any, max_length: int) -> bool:
+                   event: Any, max_length: int, ack: Any = None) -> bool:
         """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 
         The entry id makes a park idempotent when the same message instance
@@ -251,7 +257,7 @@ class Runtime:
         """
         task_id = envelope.task_id or "unknown"
         entry_id = f"{task_id}:{nxt}"
-        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length):
+        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack):
             return True
         existing = self.store.get(entry_id)
         tag = envelope.delivery_tag

@@ -86,6 +86,13 @@ class QoS(kombu_redis.QoS):
             return
         super().append(message, delivery_tag)
 
+    def ack(self, delivery_tag: str) -> None:
+        if delivery_tag in self.channel._dlq_settled:   # the park script acknowledged it already
+            self.channel._dlq_settled.discard(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         with self.pipe_or_acquire(pipe) as pipe:
             return pipe.zrem(self.unacked_index_key, delivery_tag) \
@@ -111,6 +118,7 @@ class Channel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         options = args[0].client.transport_options if args else {}
         self._dlq_recorded: set[str] = set()
+        self._dlq_settled: set[str] = set()
         self._dlq_consumer = consumer_id()
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
         self._dlq_wait = float(options.get(OPTION_WAIT) or 0.1)
@@ -208,6 +216,23 @@ class Channel(kombu_redis.Channel):
             self._dlq_reject(queue, element, tag, f"the consumer failed on it: {type(exc).__name__}: {exc}")
             raise kombu_redis.Empty() from None
         return True
+
+    # -- acknowledging in another script --------------------------------------------
+
+    def ack_keys(self) -> list[str]:
+        """Full names of kombu's ``unacked`` hash, its index and this consumer's ``fetched`` set.
+
+        For a script on the broker's Redis that settles a consumed message
+        itself (``park.lua``); then call :meth:`settled` so the channel's ack
+        only forgets it.
+        """
+        prefix = self.global_keyprefix or ""
+        return [prefix + self.unacked_key, prefix + self.unacked_index_key,
+                self._dlq_keys.fetched(self._dlq_consumer)]
+
+    def settled(self, delivery_tag: str) -> None:
+        """A script removed ``delivery_tag`` from the unacked records: acking it needs no round trip."""
+        self._dlq_settled.add(delivery_tag)
 
     # -- what cannot be a message -------------------------------------------------
 
