@@ -124,6 +124,13 @@ def main() -> None:
          f"{d['redis_per']:.0f}", d["size"]],
     ])
     grow_ok = d["rss_growth"] < MB
+    store_keys = ("delayed", "leases", "payloads", "queues", "parked")
+    store_per = sum(size for key, size in d["keys"].items() if key in store_keys) / n
+    parked = d["keys"].get("(one parked payload, bytes)", 0)
+    print(f"\ncelery-dlq store per parked retry (delayed + payloads + queues + parked; the archive apart): "
+          f"{store_per:.0f} B = parked payload {parked} B + {store_per - parked:.0f} B of bookkeeping; "
+          f"against the original message ({d['size']} B): +{store_per - d['size']:.0f} B "
+          f"(target <= +200): {'MET' if store_per - d['size'] <= 200 else 'MISSED'}")
     overhead = d["redis_per"] - d["size"]
     print(f"\ncelery-dlq worker growth {d['rss_growth'] / MB:.2f} MiB (target < 1 MB): "
           f"{'MET' if grow_ok else 'MISSED'}")

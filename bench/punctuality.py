@@ -34,11 +34,16 @@ INTERVAL = 0.2
 LEAD = 3.0  # seconds between parking and the first due time
 
 
-def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
-    """Park n entries due at start + i / RATE, each with its due time in a header."""
-    from celery_dlq.redis.store import to_ms
+def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) -> None:
+    """Park n entries due at start + i / RATE, each with its due time in a header.
 
-    doc = json.loads(payload)
+    What the engine parks on a Redis broker (the direct format); for the raw
+    side the element alone, which the raw move pushes as it is.
+    """
+    from celery_dlq.redis.store import DirectPayload, to_ms
+
+    direct = DirectPayload.loads(payload)
+    doc = json.loads(direct.element)
     script = dlq.store._scripts.get("park")
     keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
     pipe = dlq.client.pipeline(transaction=False)
@@ -46,7 +51,9 @@ def park_schedule(dlq, payload: bytes, n: int, start: float) -> None:
         due = start + i / RATE
         doc["headers"]["bench-due"] = due
         doc["headers"]["id"] = f"punct-{i}"
-        script(keys=keys, args=[f"punct-{i}:2", json.dumps(doc), QUEUE, to_ms(due), 0, ""], client=pipe)
+        element = json.dumps(doc).encode()
+        stored = element if raw else DirectPayload(direct.queue, direct.dest, direct.task, element).dumps()
+        script(keys=keys, args=[f"punct-{i}:2", stored, QUEUE, to_ms(due), 0, ""], client=pipe)
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()
@@ -94,7 +101,7 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
         threading.Thread(target=raw_mover, daemon=True).start()
     try:
         start = time.time() + LEAD
-        park_schedule(dlq, payload, n, start)
+        park_schedule(dlq, payload, n, start, raw=side == "raw")
         assert time.time() < start, "parking took longer than the lead time"
         lateness: list[float] = []
         collect(url, n, LEAD + seconds + 30, lateness)

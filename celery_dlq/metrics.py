@@ -31,7 +31,10 @@ DLQs and label sets), never O(DLQ depth):
 * ``celery_dlq_redis_up``: 0 when Redis could not be read. The scrape then
   yields that gauge alone; the collector never raises.
 
-DLQs are found as ``celery dlq queues`` finds them (configuration and SCAN).
+DLQs are found as ``celery dlq queues`` finds them: configured ones at every
+scrape, others by a SCAN of the keyspace, which is O(keys in Redis) and so
+runs at most once a minute (``discover_every``); a DLQ found once is counted
+at every scrape after.
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ OVERDUE_SAMPLE = 1000
 #: Seconds a scrape waits for Redis (connect, then each reply): less than Prometheus' 10 s scrape timeout.
 REDIS_TIMEOUT = 5.0
 DEFAULT_PORT = 9808
+#: Seconds between two SCANs for DLQs that are not configured (and quarantines).
+DISCOVER_EVERY = 60.0
 
 GAUGES = {
     "dead_letters": ("Dead letters in a DLQ, every priority sub-list counted.", ("dlq", "queue")),
@@ -115,15 +120,19 @@ class DLQCollector(Collector):
     """The metrics of one app, read from Redis on every :meth:`collect`.
 
     ``operator`` and ``clock`` may be given, as tests do; ``overdue_after``
-    defaults to :data:`OVERDUE_INTERVALS` x ``dlq_mover_interval``.
+    defaults to :data:`OVERDUE_INTERVALS` x ``dlq_mover_interval``; DLQs are
+    looked for with SCAN at most every ``discover_every`` seconds.
     """
 
     def __init__(self, app: Any = None, *, operator: Operator | None = None, clock: Callable[[], float] = time.time,
-                 overdue_after: float | None = None, overdue_sample: int = OVERDUE_SAMPLE) -> None:
+                 overdue_after: float | None = None, overdue_sample: int = OVERDUE_SAMPLE,
+                 discover_every: float = DISCOVER_EVERY) -> None:
         if operator is None and app is None:
             raise TypeError("DLQCollector needs an app (or an operator)")
         self.op = operator if operator is not None else scrape_operator(app)
-        self.clock, self.overdue_sample = clock, overdue_sample
+        self.clock, self.overdue_sample, self.discover_every = clock, overdue_sample, discover_every
+        self.monotonic: Callable[[], float] = time.monotonic
+        self._found: tuple[float, dict[str, str | None]] | None = None
         interval = self.op.settings.mover_interval
         self.overdue_after = OVERDUE_INTERVALS * interval if overdue_after is None else overdue_after
         #: The Redis URLs read, passwords masked (for logs).
@@ -180,13 +189,28 @@ class DLQCollector(Collector):
         parked_by_queue = self.op.parked.store.counts_by_queue()
         families = []
         if self.lists_readable:
-            dlqs = {**self.op.known(parked_by_queue), **self.op.quarantines()}
-            families += self.dead_letters(dlqs, now)
+            families += self.dead_letters(self.dlqs(parked_by_queue), now)
         parked = gauge("parked")
         for queue, n in sorted(parked_by_queue.items()):
             parked.add_metric([queue], n)
         families += [parked, self.overdue(now, parked_by_queue), *self.totals()]
         return families
+
+    def dlqs(self, parked_by_queue: dict[str, int]) -> dict[str, str | None]:
+        """DLQ name -> its queue: as ``celery dlq queues`` finds them, with SCAN at most every ``discover_every`` s.
+
+        SCAN walks the whole keyspace (200,000 keys: about 0.3 s), so its
+        result is kept; the DLQs of declared and parked-for queues are added
+        at every scrape, without SCAN.
+        """
+        if self._found is None or self.monotonic() - self._found[0] >= self.discover_every:
+            self._found = (self.monotonic(), {**self.op.known(parked_by_queue), **self.op.quarantines()})
+        dlqs = dict(self._found[1])
+        for queue in [*self.op.app.amqp.queues, *parked_by_queue]:
+            dlq = self.op.dlq_of(queue)
+            if dlq:
+                dlqs.setdefault(dlq, queue)
+        return dlqs
 
     def dead_letters(self, dlqs: dict[str, str | None], now: float) -> list[Metric]:
         """Depth and oldest age of each DLQ: ``LLEN`` and ``LINDEX -1`` of each sub-list, one pipeline."""

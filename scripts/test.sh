@@ -22,6 +22,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
     # Debian starts a service on install; our tests start their own servers.
 fi
 
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "promtool not found: installing Debian's prometheus package with apt-get (the alert rule tests)" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    # No recommends (node-exporter); Debian may start a prometheus service on install: our tests start their own.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
 if ! command -v java >/dev/null 2>&1; then
     echo "java not found: installing openjdk-17-jre-headless with apt-get (PySpark needs it)" >&2
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -73,7 +73,9 @@ class RedeliveryTask(Task):
             delay = self._redelivery_delay(exc)
             if delay is None:
                 raise
-            raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc)) from exc
+            # No traceback: a parked copy keeps "Type: message" only, and the
+            # pool would pickle a formatted traceback across for nothing.
+            raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc, "")) from exc
 
     def _policy_and_delivery(self):
         request = self.request
@@ -115,6 +117,6 @@ class RedeliveryTask(Task):
             when = max(0.0, (eta - datetime.now(timezone.utc)).total_seconds())
         else:
             when = policy.delay_after(delivery)
-        failure = H.describe_exception(exc) if exc is not None else \
+        failure = H.describe_exception(exc, "") if exc is not None else \
             {"type": "celery.exceptions.Retry", "message": "retry requested by the task", "traceback": ""}
         raise Redeliver(exc=exc, when=when, failure=failure)

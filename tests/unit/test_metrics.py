@@ -329,13 +329,34 @@ def test_a_scrape_costs_the_same_round_trips_whatever_the_depth(setup):
     op = Operator(s.app, broker=Counting(s.client), client=s.client, clock=s.clock)
     collector = DLQCollector(operator=op, clock=s.clock)
     s.push(10, T0)
+    scrape(collector)                             # the first scrape looks for DLQs (SCAN)
+    assert ["scan_iter"] in calls
+    calls.clear()
     scrape(collector)
     shallow = list(calls)
     s.push(5000, T0)
     calls.clear()
     scrape(collector)
     assert calls == shallow
-    assert {name for call in calls for name in call} <= {"LLEN", "LINDEX", "scan_iter"}
+    assert len(calls) == 1 and set(calls[0]) == {"LLEN", "LINDEX"}   # one pipeline, 2 commands per sub-list
+
+
+def test_dlqs_found_by_scan_are_looked_for_again_after_discover_every(setup):
+    s, now = setup, [1000.0]
+    s.collector.monotonic = lambda: now[0]
+    scrape(s.collector)
+    s.push(2, T0, dlq=f"DLQ.{s.queue}late")       # not configured: only SCAN finds it
+    s.park(1, due=T0 + 60, queue=f"{s.queue}p")   # a queue with parked retries: its DLQ is known at once
+    late = ("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}late"), ("queue", f"{s.queue}late")))
+    got = scrape(s.collector)
+    assert late not in got
+    assert got[("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}p"), ("queue", f"{s.queue}p")))] == 0
+    now[0] += 59.9
+    assert late not in scrape(s.collector)
+    now[0] += 0.1
+    assert scrape(s.collector)[late] == 2
+    s.client.delete(f"DLQ.{s.queue}late")
+    assert scrape(s.collector)[late] == 0         # found once, counted until the next SCAN
 
 
 def test_scrape_operator_uses_clients_that_give_up_fast():
