@@ -119,6 +119,7 @@ class Channel(kombu_redis.Channel):
         options = args[0].client.transport_options if args else {}
         self._dlq_recorded: set[str] = set()
         self._dlq_settled: set[str] = set()
+        self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         self._dlq_consumer = consumer_id()
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
         self._dlq_wait = float(options.get(OPTION_WAIT) or 0.1)
@@ -144,7 +145,7 @@ class Channel(kombu_redis.Channel):
             return
         if not self._dlq_recovered:
             self._dlq_recover()
-        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+        keys, all_keys = self._dlq_fetch_keys(tuple(queues))
         connection = self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()
         prefix = self.global_keyprefix or ""
@@ -154,12 +155,21 @@ class Channel(kombu_redis.Channel):
             self._dlq_sent = ("BLMOVE", keys)
             connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
             return
-        unacked = (prefix + self.unacked_key, prefix + self.unacked_index_key)
-        all_keys = [prefix + key for key in keys] + \
-            [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
-            [*unacked, self._dlq_keys.fetched(self._dlq_consumer)]
         self._dlq_sent = ("EVALSHA", keys)
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), time.time())
+
+    def _dlq_fetch_keys(self, queues: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """The lists of ``queues`` in kombu's BRPOP order, and every key fetch.lua takes (cached per queue set)."""
+        cached = self._dlq_key_cache.get(queues)
+        if cached is None:
+            prefix = self.global_keyprefix or ""
+            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+            all_keys = [prefix + key for key in keys] + \
+                [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
+                [prefix + self.unacked_key, prefix + self.unacked_index_key,
+                 self._dlq_keys.fetched(self._dlq_consumer)]
+            cached = self._dlq_key_cache[queues] = (keys, all_keys)
+        return cached
 
     def _queue_of_key(self, key: str) -> str:
         return key.rsplit(self.sep, 1)[0]
