@@ -39,7 +39,7 @@ for i = 8, #KEYS do
     lists[KEYS[i]] = i
 end
 
-local moved, left = 0, 0
+local moved, left, per_queue = 0, 0, {}
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(due) do
     local payload = redis.call('HGET', KEYS[3], id)
@@ -49,9 +49,7 @@ for _, id in ipairs(due) do
         redis.call('LPUSH', KEYS[list], parts.element)
         redis.call('ZREM', KEYS[1], id)
         redis.call('HDEL', KEYS[3], id)
-        if redis.call('HINCRBY', KEYS[5], parts.queue, -1) <= 0 then
-            redis.call('HDEL', KEYS[5], parts.queue)
-        end
+        per_queue[parts.queue] = (per_queue[parts.queue] or 0) + 1
         moved = moved + 1
         if max_length > 0 then
             -- entry ids are <task id>:<delivery>[:<delivery tag>]; a delivery tag is never all digits
@@ -73,6 +71,11 @@ for _, id in ipairs(due) do
         if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
             redis.call('HDEL', KEYS[5], queue)
         end
+    end
+end
+for queue, n in pairs(per_queue) do   -- the parked counts, once per queue and batch
+    if redis.call('HINCRBY', KEYS[5], queue, -n) <= 0 then
+        redis.call('HDEL', KEYS[5], queue)
     end
 end
 if moved > 0 and ARGV[5] ~= '' then
