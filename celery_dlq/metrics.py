@@ -21,15 +21,21 @@ DLQs and label sets), never O(DLQ depth):
 * ``celery_dlq_overdue_parked{queue}``: parked or leased entries more than
   ``overdue_after`` seconds (default 5 mover intervals) past due, which only
   happens when no mover is moving them. ``ZCOUNT`` gives the exact total; the
-  store keeps no per-queue index by time, so only the
-  :data:`OVERDUE_SAMPLE` most overdue entries are attributed to their queue
-  (``ZRANGEBYSCORE ... LIMIT``, ``HMGET``) and the rest are reported with
+  store keeps no per-queue index by time, so only :data:`OVERDUE_SAMPLE`
+  overdue entries (parked ones first, longest overdue first) are attributed
+  to their queue (``ZRANGEBYSCORE ... LIMIT``, ``HMGET``) and the rest are reported with
   ``queue=""``: ``sum(celery_dlq_overdue_parked)`` is always exact, and each
   queue's value is exact while at most that many entries are overdue;
 * the ``_total`` counters of :mod:`celery_dlq.redis.metrics` (one ``HGETALL``);
 * ``celery_dlq_scrape_duration_seconds``: what reading all that took;
 * ``celery_dlq_redis_up``: 0 when Redis could not be read. The scrape then
   yields that gauge alone; the collector never raises.
+
+Served in OpenMetrics, the counter ``celery_dlq_parked_total`` and the gauge
+``celery_dlq_parked`` would be two families of one name (OpenMetrics drops a
+counter family's ``_total``): :func:`serve` always answers in Prometheus'
+classic text format, and an app serving the collector should too
+(:func:`classic_text` wraps prometheus-client's WSGI app so).
 
 DLQs are found as ``celery dlq queues`` finds them: configured ones at every
 scrape, others by a SCAN of the keyspace, which is O(keys in Redis) and so
@@ -223,14 +229,14 @@ class DLQCollector(Collector):
         replies = iter(pipe.execute())
         depth, age = gauge("dead_letters"), gauge("oldest_dead_letter_age_seconds")
         for name, keys in lists.items():
-            total, oldest = 0, None
+            count, oldest = 0, None
             for _ in keys:
                 length, tail = next(replies), next(replies)
-                total += int(length)
+                count += int(length)
                 at = decode_raw(tail).dead_lettered_at if tail is not None else None
                 if at is not None and (oldest is None or at < oldest):
                     oldest = at
-            depth.add_metric([name, dlqs[name] or ""], total)
+            depth.add_metric([name, dlqs[name] or ""], count)
             if oldest is not None:
                 age.add_metric([name], max(0.0, now - oldest))
         return [depth, age]
@@ -259,7 +265,7 @@ class DLQCollector(Collector):
     def totals(self) -> list[Metric]:
         """The ``_total`` counters, a family per metric (HELP and TYPE even before the first count)."""
         families = {metric: total(metric) for metric in totals.Metric.LABELS}
-        for (metric, labels), value in sorted(totals.read(self.op.client, self.op.keys).items()):
+        for (metric, labels), value in totals.read(self.op.client, self.op.keys).items():
             families[metric].add_metric([v for _, v in labels], value)
         return list(families.values())
 

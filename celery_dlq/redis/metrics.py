@@ -18,7 +18,9 @@ field in Python and passes it in (``HINCRBY KEYS[n] ARGV[m] 1``).
 """
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from typing import Any, ClassVar
 
 from celery_dlq.redis.keys import Keys
@@ -91,49 +93,26 @@ def field(metric: str, **labels: Any) -> str:
     return f"{metric}{{{pairs}}}"
 
 
+_VALUE = r'(?:[^"\\]|\\["\\n]|\\u[0-9a-fA-F]{4})*'
+_PAIR = rf'([A-Za-z_][A-Za-z0-9_]*)="({_VALUE})"'
+_FIELD = re.compile(rf'([A-Za-z_:][A-Za-z0-9_:]*)\{{((?:{_PAIR})(?:,{_PAIR})*)?\}}')
+_PAIRS = re.compile(_PAIR)
+_ESCAPED = re.compile(r'\\(["\\n]|u[0-9a-fA-F]{4})')
+
+
+def _unescape(match: re.Match) -> str:
+    escaped = match.group(1)
+    return _UNESCAPES[escaped] if len(escaped) == 1 else chr(int(escaped[1:], 16))
+
+
 def parse_field(text: str) -> tuple[str, Labels]:
     """``(metric, labels)`` of a field written by :func:`field`; ValueError when it is not one."""
-    metric, brace, rest = text.partition("{")
-    if not metric or not brace or not rest.endswith("}"):
+    match = _FIELD.fullmatch(text)
+    if match is None:
         raise ValueError(f"not a metric field: {text!r}")
-    labels: list[tuple[str, str]] = []
-    at, end = 0, len(rest) - 1
-    while at < end:
-        if labels:
-            if rest[at] != ",":
-                raise ValueError(f"expected ',' at {at} in {text!r}")
-            at += 1
-        name, eq, _ = rest[at:end].partition('="')
-        if not eq or not name.isidentifier():
-            raise ValueError(f"expected name=\"value\" at {at} in {text!r}")
-        value, at = _unquote(rest, at + len(name) + 2, end, text)
-        labels.append((name, value))
-    return metric, tuple(labels)
-
-
-def _unquote(rest: str, at: int, end: int, text: str) -> tuple[str, int]:
-    """The escaped value starting at ``rest[at]``, and the index after its closing quote."""
-    out = []
-    while at < end:
-        char = rest[at]
-        if char == '"':
-            return "".join(out), at + 1
-        if char != "\\":
-            out.append(char)
-            at += 1
-        elif rest[at + 1:at + 2] in _UNESCAPES:
-            out.append(_UNESCAPES[rest[at + 1]])
-            at += 2
-        elif rest[at + 1:at + 2] == "u" and _is_hex(rest[at + 2:at + 6]):
-            out.append(chr(int(rest[at + 2:at + 6], 16)))
-            at += 6
-        else:
-            raise ValueError(f"bad escape at {at} in {text!r}")
-    raise ValueError(f"unterminated value in {text!r}")
-
-
-def _is_hex(text: str) -> bool:
-    return len(text) == 4 and all(c in "0123456789abcdefABCDEF" for c in text)
+    labels = tuple((name, _ESCAPED.sub(_unescape, value) if "\\" in value else value)
+                   for name, value in _PAIRS.findall(match.group(2) or ""))
+    return match.group(1), labels
 
 
 def incr(client: Any, keys: Keys, metric: str, n: int = 1, **labels: Any) -> Any:
@@ -150,15 +129,26 @@ def read(client: Any, keys: Keys) -> dict[tuple[str, Labels], int]:
     """
     counters: dict[tuple[str, Labels], int] = {}
     for raw, value in client.hgetall(keys.metrics).items():
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        try:
-            metric, labels = parse_field(text)
-            names = Metric.LABELS[metric]
-            values = dict(labels)
-            if len(values) != len(labels) or set(values) != set(names):
-                raise ValueError(f"labels {sorted(values)} are not {metric}'s {list(names)}")
-            key = (metric, tuple((name, values[name]) for name in names))
-            counters[key] = counters.get(key, 0) + int(value)
-        except (KeyError, ValueError) as exc:
-            logger.debug("celery-dlq: skipped metrics field %r: %s", text, exc)
+        key = _counter(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+        if key is not None:
+            try:
+                counters[key] = counters.get(key, 0) + int(value)
+            except ValueError:
+                logger.debug("celery-dlq: skipped metrics field %r: value %r", key, value)
     return counters
+
+
+@functools.lru_cache(maxsize=4096)   # the same fields come back at every scrape
+def _counter(text: str) -> tuple[str, Labels] | None:
+    """The counter a field names, labels in :attr:`Metric.LABELS` order; None (logged once) when it names none."""
+    try:
+        metric, labels = parse_field(text)
+        names = Metric.LABELS[metric]
+    except (KeyError, ValueError) as exc:
+        logger.debug("celery-dlq: skipped metrics field %r: %s", text, exc)
+        return None
+    values = dict(labels)
+    if len(values) != len(labels) or set(values) != set(names):
+        logger.debug("celery-dlq: skipped metrics field %r: its labels are not %s's %s", text, metric, names)
+        return None
+    return metric, tuple((name, values[name]) for name in names)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 import uuid
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -20,17 +22,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
-from celery_dlq.metrics import DLQCollector, scrape_operator
+from celery_dlq.metrics import DLQCollector, scrape_operator, serve
 from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, QueueLists
 from celery_dlq.redis.metrics import MAX_VALUE, Metric, field, incr, parse_field, read
 from celery_dlq.worker.retention import Retention
-from tests.integration.conftest import ROOT
 from tests.redis_server import RedisServer
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
 
 
@@ -186,7 +187,7 @@ def test_a_scrape_reports_exactly_what_redis_holds(setup):
     s.push(3, T0 - 50, priority=0)
     s.push(2, T0 - 500, priority=9)       # older, in another priority sub-list
     s.push(1, None, priority=3)           # no dead-lettered time: counted, never the oldest
-    s.push(4, T0 - 10, dlq=s.queue)           # the live queue: not a DLQ
+    s.push(4, T0 - 10, dlq=s.queue)       # the live queue: not a DLQ
     s.park(2, due=T0 + 60)
     s.park(1, due=T0 + 60, queue="elsewhere")
     incr(s.client, s.op.keys, Metric.DEAD_LETTERED, 6, queue=s.queue, task="shop.charge",
@@ -408,3 +409,18 @@ def test_the_cli_loads_without_prometheus_client():
             "assert 'exporter' in dlq.commands; assert 'prometheus_client' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
+
+
+def test_serve_answers_on_the_address_it_bound_until_closed(redis_server, unique):
+    app = Celery("served", broker=redis_server.url, set_as_current=False)
+    app.conf.update(task_default_queue=f"q{unique}", dlq_key_prefix=f"s{unique}")
+    running = serve(app, port=0)
+    try:
+        host, port = running.address
+        assert host == "127.0.0.1" and port > 0
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert f'celery_dlq_dead_letters{{dlq="DLQ.q{unique}",queue="q{unique}"}} 0.0' in text
+    finally:
+        running.close()
+    assert not running.thread.is_alive()
