@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import as_text as _text
+from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
@@ -142,7 +144,7 @@ class DelayedStore:
 
     def park(self, entry_id: str, payload: bytes, queue: str, due: float,
              event: Mapping[str, str] | None = None, events_max_length: int = 0,
-             ack: tuple[Sequence[str], str] | None = None) -> bool:
+             ack: tuple[Sequence[str], str] | None = None, task: str | None = None) -> bool:
         """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
@@ -154,13 +156,17 @@ class DelayedStore:
         raised: the message is parked. ``ack`` is ``(keys, delivery tag)``:
         kombu's ``unacked`` hash, its index and the consumer's ``fetched``
         set, from which the consumed message is removed in the same script.
+        ``parked_total{queue, task}`` of the exporter's counters is raised too.
         """
         ack_keys, tag = ack if ack is not None else ((), "")
-        args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag]
+        counted = metrics.field(Metric.PARKED, queue=queue, task=task or "")
+        args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag,
+                           counted]
         for name, value in (event or {}).items():
             args += [name, value]
         result = int(self._scripts.run(
-            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, *ack_keys), args))
+            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics, *ack_keys),
+            args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
                            self.keys.events)
@@ -179,10 +185,17 @@ class DelayedStore:
         """
         k = self.keys
         now_s = self.clock() if now is None else now
-        moved, left = self._scripts.run(
+        reply = self._scripts.run(
             "move_due", [*k.store_keys(), k.stats, k.events, *lists],
             [to_ms(now_s), int(limit), int(events_max_length), int(now_s * 1_000_000), counter])
-        return int(moved), int(left)
+        moved, left = int(reply[0]), int(reply[1])
+        if moved:   # redelivered_total per (queue, task): the script returns the counts, fields are built here
+            pipe = self.client.pipeline(transaction=False)
+            for i in range(2, len(reply), 3):
+                metrics.incr(pipe, k, Metric.REDELIVERED, int(reply[i + 2]), queue=_text(reply[i]),
+                             task=_text(reply[i + 1]))
+            pipe.execute()
+        return moved, left
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

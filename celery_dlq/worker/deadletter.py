@@ -24,7 +24,9 @@ from celery_dlq import headers as H
 from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Keys, Stat
+from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.worker.retention import Retention
 
@@ -65,7 +67,10 @@ class DeadLetterer:
             logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): "
                            "dead_letter=False", envelope.task_name, task_id, envelope.queue,
                            delivery, reason, H.summary(failure))
-            self.client.hincrby(self.keys.stats, Stat.DROPPED, 1)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hincrby(self.keys.stats, Stat.DROPPED, 1)
+            metrics.incr(pipe, self.keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
+            pipe.execute()
             self.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
             self._notify(envelope, None, reason, failure, delivery)
             return None
@@ -83,6 +88,8 @@ class DeadLetterer:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
         pipe.hincrby(self.keys.stats, Stat.DEAD_LETTERED, 1)
+        metrics.incr(pipe, self.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
+                     reason=reason)
         pipe.execute()
         self.archive.dead_lettered(letter, dlq)
         logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",

@@ -10,6 +10,7 @@ consumer's event loop.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import logging
 import threading
 import time
@@ -19,7 +20,9 @@ from celery import bootsteps
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.message import Envelope, decode_raw
+from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.store import DirectPayload
 from celery_dlq.worker.runtime import Runtime
 
@@ -130,9 +133,21 @@ class MoverThread(threading.Thread):
         finally:
             if published:
                 store.ack_many(claimed[:len(published)], Stat.REDELIVERED, len(published))
+                self._count(published)
                 self.runtime.archive.redelivered(published)
         return len(published)
 
+
+    def _count(self, published: list[Envelope]) -> None:
+        """``redelivered_total`` per queue and task for what the publish path moved (never raises)."""
+        try:
+            counts = Counter((envelope.queue, envelope.task_name or "") for envelope in published)
+            pipe = self.runtime.client.pipeline(transaction=False)
+            for (queue, task), n in counts.items():
+                metrics.incr(pipe, self.runtime.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+            pipe.execute()
+        except Exception:
+            logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))
 
     def _publish_one(self, producer: Any, payload: bytes) -> Envelope:
         """Publish one parked payload; a direct-format one goes onto its list as it is (on the broker's Redis)."""

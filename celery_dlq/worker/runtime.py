@@ -257,13 +257,14 @@ class Runtime:
         """
         task_id = envelope.task_id or "unknown"
         entry_id = f"{task_id}:{nxt}"
-        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack):
+        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name):
             return True
         existing = self.store.get(entry_id)
         tag = envelope.delivery_tag
         if existing is None or not tag or source_tag_of(existing.payload) == tag:
             return False  # parked already by an earlier delivery of this same message
-        return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length)
+        return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length,
+                               task=envelope.task_name)
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         return self.deadletterer.dead_letter(envelope, **kwargs)

@@ -52,7 +52,10 @@ from kombu.utils.uuid import uuid
 
 from celery_dlq.element import envelope_error, raw_dead_letter
 from celery_dlq.message import decode_raw
+from celery_dlq.headers import Reason
+from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Keys, Stat
+from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
 
@@ -305,8 +308,13 @@ class Channel(kombu_redis.Channel):
         if runtime is None:
             return
         try:
-            runtime.client.hincrby(runtime.keys.stats, Stat.DEAD_LETTERED, 1)
-            runtime.archive.dead_lettered(decode_raw(letter).as_envelope(), dlq)
+            envelope = decode_raw(letter).as_envelope()
+            pipe = runtime.client.pipeline(transaction=False)
+            pipe.hincrby(runtime.keys.stats, Stat.DEAD_LETTERED, 1)
+            metrics.incr(pipe, runtime.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
+                         reason=Reason.INVALID_MESSAGE)
+            pipe.execute()
+            runtime.archive.dead_lettered(envelope, dlq)
         except Exception:
             logger.exception("celery-dlq: could not count or archive an invalid message's dead letter")
 

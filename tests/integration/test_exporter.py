@@ -170,8 +170,6 @@ def test_metrics_over_http_equal_what_redis_holds(harness, exporters):
     assert exporter.stop() == 0
 
 
-@pytest.mark.xfail(reason="the worker-side counters (parked, redelivered, dead_lettered, dropped) come with the "
-                          "park/mover change of issue 12; remove this mark when they do", strict=True)
 def test_the_workers_counters_reach_the_exporter(harness, exporters):
     sent = run_the_mix(harness)
     exporter = ExporterProcess(ops_env(harness.broker, harness.queue, harness.prefix),

@@ -23,7 +23,8 @@
 -- in the same step, so nothing is lost and nothing moves twice; a
 -- publish-format entry (parked before an upgrade, or for another broker), or
 -- one for a list not in KEYS, is left where it is for the publish path.
--- Returns {moved, left}: how many moved, and how many due entries were left.
+-- Returns {moved, left, queue, task, n, queue, task, n, ...}: how many moved, how many due
+-- entries were left, and how many moved per queue and task (the caller counts them for the exporter).
 
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local max_length, ts = tonumber(ARGV[3]), ARGV[4]
@@ -39,7 +40,7 @@ for i = 8, #KEYS do
     lists[KEYS[i]] = i
 end
 
-local moved, left, per_queue = 0, 0, {}
+local moved, left, per_queue, per_task = 0, 0, {}, {}
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(due) do
     local payload = redis.call('HGET', KEYS[3], id)
@@ -50,6 +51,8 @@ for _, id in ipairs(due) do
         redis.call('ZREM', KEYS[1], id)
         redis.call('HDEL', KEYS[3], id)
         per_queue[parts.queue] = (per_queue[parts.queue] or 0) + 1
+        local label = parts.queue .. '\0' .. parts.task
+        per_task[label] = (per_task[label] or 0) + 1
         moved = moved + 1
         if max_length > 0 then
             -- entry ids are <task id>:<delivery>[:<delivery tag>]; a delivery tag is never all digits
@@ -81,4 +84,11 @@ end
 if moved > 0 and ARGV[5] ~= '' then
     redis.call('HINCRBY', KEYS[6], ARGV[5], moved)
 end
-return {moved, left}
+local reply = {moved, left}
+for label, n in pairs(per_task) do
+    local cut = string.find(label, '\0', 1, true)
+    reply[#reply + 1] = string.sub(label, 1, cut - 1)
+    reply[#reply + 1] = string.sub(label, cut + 1)
+    reply[#reply + 1] = n
+end
+return reply

@@ -7,9 +7,10 @@
 -- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
 -- KEYS[6] = stats     (HASH) counter name -> integer: its `parked` counter counts parks
 -- KEYS[7] = events    (STREAM) the archive: the `parked` event is appended here
--- KEYS[8] = unacked   (HASH) kombu's: delivery tag -> message (only with ARGV[6])
--- KEYS[9] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
--- KEYS[10] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
+-- KEYS[8] = metrics   (HASH) the exporter's counters: ARGV[7] is raised by one per park
+-- KEYS[9] = unacked   (HASH) kombu's: delivery tag -> message (only with ARGV[6])
+-- KEYS[10] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
+-- KEYS[11] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -19,7 +20,8 @@
 -- ARGV[6] = the delivery tag of the consumed message to acknowledge in the same step ("" for none): on a
 --           Redis broker that is also the store, parking and kombu's ack are one atomic step, so a crash
 --           between them can neither lose the message nor deliver it twice
--- ARGV[7], ARGV[8], ... = the event's field, value pairs
+-- ARGV[7] = the metrics field this park raises (parked_total with its labels; "" for none)
+-- ARGV[8], ARGV[9], ... = the event's field, value pairs
 --
 -- Returns 0 when entry_id is already parked or leased (nothing changes: a
 -- redelivered failure must not park, or count, twice), 1 when parked, 2 when
@@ -29,9 +31,9 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    redis.call('HDEL', KEYS[8], ARGV[6])
-    redis.call('ZREM', KEYS[9], ARGV[6])
-    redis.call('SREM', KEYS[10], ARGV[6])
+    redis.call('HDEL', KEYS[9], ARGV[6])
+    redis.call('ZREM', KEYS[10], ARGV[6])
+    redis.call('SREM', KEYS[11], ARGV[6])
 end
 if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
         or redis.call('HEXISTS', KEYS[3], id) == 1 then
@@ -44,9 +46,12 @@ end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[6], 'parked', 1)
-if tonumber(ARGV[5]) > 0 and #ARGV > 7 then
+if ARGV[7] and ARGV[7] ~= '' then
+    redis.call('HINCRBY', KEYS[8], ARGV[7], 1)
+end
+if tonumber(ARGV[5]) > 0 and #ARGV > 8 then
     local event = {}
-    for i = 7, #ARGV do
+    for i = 8, #ARGV do
         event[#event + 1] = ARGV[i]
     end
     local ok = redis.pcall('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', unpack(event))
