@@ -5,10 +5,12 @@ adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
 ``show``, ``replay``, ``purge``; ``replay --plan`` in
 :mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.parked` (``delayed``,
 ``redeliver``, ``stats``), :mod:`~celery_dlq.cli.analytics` (``export``,
-``report``). Printing is :mod:`~celery_dlq.cli.output`.
+``report``), :mod:`~celery_dlq.cli.exporter` (``exporter``). Printing is
+:mod:`~celery_dlq.cli.output`.
 
 rich is imported only when something is printed, pyarrow only by ``export``
-and ``replay --plan``, pyspark only by ``report``: Celery imports every
+and ``replay --plan``, pyspark only by ``report``, prometheus-client only by
+``exporter``: Celery imports every
 ``celery.commands`` plugin for every command, ``celery worker`` included.
 """
 from celery_dlq.cli import analytics, exporter, letters, parked  # noqa: F401  (each adds its verbs to the group)
