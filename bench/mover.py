@@ -48,13 +48,13 @@ return #ids
 """
 
 
-def make_app(url: str, prefix: str):
+def make_app(url: str, prefix: str, **conf):
     from celery import Celery
 
     import celery_dlq
 
     app = Celery("bench4", broker=url, set_as_current=False)
-    app.conf.update(task_default_queue=QUEUE, dlq_key_prefix=prefix, dlq_mover_batch_size=BATCH)
+    app.conf.update(task_default_queue=QUEUE, dlq_key_prefix=prefix, dlq_mover_batch_size=BATCH, **conf)
     celery_dlq.install(app)
     return app
 
@@ -88,13 +88,14 @@ def park_all(dlq, n: int, payload: bytes) -> None:
         pipe.execute()
 
 
-def run_library(url: str, n: int, payload: bytes, movers: int) -> float:
+def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = True) -> float:
     import redis
 
     from celery_dlq.worker.mover import MoverThread
     from celery_dlq.worker.runtime import runtime_of
 
-    apps = [make_app(url, "b4lib") for _ in range(movers)]
+    conf = {} if archive else {"dlq_events_max_length": 0}
+    apps = [make_app(url, "b4lib", **conf) for _ in range(movers)]
     runtimes = [runtime_of(app) for app in apps]
     assert all(runtime.direct for runtime in runtimes)
     client = redis.Redis.from_url(url)
@@ -155,7 +156,7 @@ def main() -> None:
     args = parser(__doc__).parse_args()
     n, rounds = (20000, 1) if args.quick else (100000, 3)
     server = RedisServer().start()
-    times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": []}
+    times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": []}
     try:
         import redis
         from celery import Celery
@@ -166,18 +167,19 @@ def main() -> None:
         print(f"{n} parked and due, batch {BATCH}, parked payload {len(payload)} B (direct format), "
               f"{rounds} interleaved round(s)\n")
         for r in range(rounds):
-            for side in ("raw", "lib1", "lib3"):
+            for side in times:
                 seconds = run_raw(server.url, n, payload) if side == "raw" else \
-                    run_library(server.url, n, payload, movers=int(side[-1]))
+                    run_library(server.url, n, payload, movers=int(side[3]), archive=side != "lib1_noarchive")
                 times[side].append(seconds)
-                print(f"  round {r + 1}: {side:<5} {seconds:7.2f} s  {n / seconds:9.0f} msg/s", flush=True)
+                print(f"  round {r + 1}: {side:<14} {seconds:7.2f} s  {n / seconds:9.0f} msg/s", flush=True)
         client.close()
     finally:
         server.stop()
     raw = median(times["raw"])
     rows = [["raw Lua move (benchmark's own)", f"{raw:.2f}", f"{n / raw:.0f}", "100%"]]
     shares = {}
-    for side, label in (("lib1", "celery-dlq mover, 1 worker"), ("lib3", "celery-dlq movers, 3 workers")):
+    for side, label in (("lib1", "celery-dlq mover, 1 worker"), ("lib3", "celery-dlq movers, 3 workers"),
+                        ("lib1_noarchive", "celery-dlq mover, 1 worker, archive off (information)")):
         t = median(times[side])
         shares[side] = raw / t * 100
         rows.append([label, f"{t:.2f}", f"{n / t:.0f}", f"{shares[side]:.0f}%"])
