@@ -149,6 +149,9 @@ def test_retention_trims_by_age_then_by_length_as_dead_letters_arrive(harness):
     stats = f"{{{harness.prefix}}}:stats"
     first = harness.send("proj.not_retryable").id
     harness.wait_until(lambda: harness.redis.hget(stats, "dead_lettered") == b"1", message="one dead letter")
+    # Retention runs just after the dead letter is counted: wait for its two trims rather than race them.
+    harness.wait_until(lambda: harness.redis.hget(stats, "dead_letters_trimmed") == b"2", timeout=10,
+                       message="two trimmed")
     assert queued_ids(harness, dlq) == [first], "the two stale ones are older than the ttl"
     later = [harness.send("proj.not_retryable").id for _ in range(4)]
     harness.wait_until(lambda: harness.redis.hget(stats, "dead_lettered") == b"5", message="five dead letters")
