@@ -269,19 +269,15 @@ class Channel(kombu_redis.Channel):
         message is still never dropped: it goes to the queue's quarantine, raw.
         """
         dlq, letter = self._dlq_letter(queue, element, error)
-        prefix = self.global_keyprefix or ""
-        target = self._dlq_keys.quarantine(queue) if dlq is None else prefix + dlq
-        moved = self._dlq_scripts.run("reject_invalid", [
-            prefix + self.unacked_key, prefix + self.unacked_index_key,
-            self._dlq_keys.fetched(self._dlq_consumer), target], [tag, element if dlq is None else letter])
+        target = self._dlq_keys.quarantine(queue) if dlq is None else (self.global_keyprefix or "") + dlq
+        moved = self._dlq_scripts.run("reject_invalid", [*self.ack_keys(), target],
+                                      [tag, element if dlq is None else letter])
         if not moved:
             return   # no longer unacked: restored or handled meanwhile
         if dlq is None:
             logger.warning("celery-dlq: quarantined an invalid message from %r in %s: %s", queue, target, error)
             return
-        self._dlq_count(letter, dlq)
-        logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
-                       queue, dlq, error)
+        self._dlq_dead_lettered(letter, queue, dlq, error)
 
     def _dlq_release_quarantine(self, queue: str, element: bytes, error: str) -> None:
         """An element fetch.lua quarantined: on to its DLQ, wrapped; it stays quarantined if that is impossible."""
@@ -299,11 +295,12 @@ class Channel(kombu_redis.Channel):
                            "%s", queue, where, dlq, error, exc_info=True)
             return
         if moved:
-            self._dlq_count(letter, dlq)
-            logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
-                           queue, dlq, error)
+            self._dlq_dead_lettered(letter, queue, dlq, error)
 
-    def _dlq_count(self, letter: bytes, dlq: str) -> None:
+    def _dlq_dead_lettered(self, letter: bytes, queue: str, dlq: str, error: str) -> None:
+        """One WARNING per invalid message dead-lettered, counted and archived."""
+        logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
+                       queue, dlq, error)
         runtime = runtime_by_ident(self._dlq_runtime_ident)
         if runtime is None:
             return

@@ -20,28 +20,20 @@
 
 local now, lease_until, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(expired) do
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('ZADD', KEYS[1], now, id)
-end
+restore_expired_leases(KEYS[1], KEYS[2], now, limit)
 
 local claimed = {}
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(due) do
-    redis.call('ZREM', KEYS[1], id)
     local payload = redis.call('HGET', KEYS[3], id)
     if payload then
+        redis.call('ZREM', KEYS[1], id)
         redis.call('ZADD', KEYS[2], lease_until, id)
         claimed[#claimed + 1] = id
         claimed[#claimed + 1] = payload
         claimed[#claimed + 1] = parked_queue(KEYS[4], id, payload) or ''
     else
-        local queue = redis.call('HGET', KEYS[4], id)
-        redis.call('HDEL', KEYS[4], id)
-        if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
-            redis.call('HDEL', KEYS[5], queue)
-        end
+        forget_entry(KEYS[1], KEYS[4], KEYS[5], id)
     end
 end
 return claimed

@@ -30,3 +30,22 @@ local function parked_queue(queues_key, id, payload)
     return parts and parts.queue
 end
 
+-- Leases that expired (their mover died or stalled between claim and ack) become due again, scored now.
+local function restore_expired_leases(delayed_key, leases_key, now, limit)
+    local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', 0, limit)
+    for _, id in ipairs(expired) do
+        redis.call('ZREM', leases_key, id)
+        redis.call('ZADD', delayed_key, now, id)
+    end
+end
+
+-- A due entry whose payload is gone cannot be delivered: delete it and take it off its queue's count.
+local function forget_entry(delayed_key, queues_key, parked_key, id)
+    redis.call('ZREM', delayed_key, id)
+    local queue = redis.call('HGET', queues_key, id)
+    redis.call('HDEL', queues_key, id)
+    if queue and redis.call('HINCRBY', parked_key, queue, -1) <= 0 then
+        redis.call('HDEL', parked_key, queue)
+    end
+end
+

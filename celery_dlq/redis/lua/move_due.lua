@@ -29,11 +29,7 @@
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local max_length, ts = tonumber(ARGV[3]), ARGV[4]
 
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(expired) do
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('ZADD', KEYS[1], now, id)
-end
+restore_expired_leases(KEYS[1], KEYS[2], now, limit)
 
 local lists = {}
 for i = 8, #KEYS do
@@ -67,13 +63,7 @@ for _, id in ipairs(due) do
     elseif payload then
         left = left + 1
     else
-        -- no payload: nothing can be delivered (as claim_due.lua does)
-        redis.call('ZREM', KEYS[1], id)
-        local queue = redis.call('HGET', KEYS[4], id)
-        redis.call('HDEL', KEYS[4], id)
-        if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
-            redis.call('HDEL', KEYS[5], queue)
-        end
+        forget_entry(KEYS[1], KEYS[4], KEYS[5], id)
     end
 end
 for queue, n in pairs(per_queue) do   -- the parked counts, once per queue and batch
