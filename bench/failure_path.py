@@ -74,7 +74,6 @@ def dramatiq_run(server: RedisServer, client, n: int, queue: str, prefix: str) -
     import importlib
 
     import psutil
-    import redis
 
     env = {**os.environ, "BENCH_BROKER": server.url, "BENCH_PREFIX": prefix, "BENCH_QUEUE": queue,
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

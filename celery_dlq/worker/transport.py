@@ -127,8 +127,8 @@ class Channel(kombu_redis.Channel):
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
         self._dlq_wait = float(options.get(OPTION_WAIT) or 0.1)
         prefix = options.get(OPTION_PREFIX) or "celery_dlq"
-        self._dlq_kombu_keys = Keys(prefix)   # for kombu's own clients, which add global_keyprefix themselves
-        self._dlq_fetched_key = self._dlq_kombu_keys.fetched(self._dlq_consumer)
+        # kombu's own clients add global_keyprefix themselves: the fetched set's name without it
+        self._dlq_fetched_key = Keys(prefix).fetched(self._dlq_consumer)
         self._dlq_idle = False
         self._dlq_sent: tuple[str, list[str]] | None = None
         self._dlq_watch = 0
