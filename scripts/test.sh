@@ -40,4 +40,6 @@ fi
 # Import layering (pyproject.toml [tool.importlinter]); tests/unit/test_layers.py checks it too.
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 
-exec .venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers (tests/conftest.py keeps the Spark tests on one and
+# starts the slow ones first); PYTEST_WORKERS=0 runs in one process.
+exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 
 import fakeredis
@@ -7,6 +8,30 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer
+
+
+def pytest_configure(config):
+    """pytest-xdist's workers set COLUMNS=80 and LINES=24; the CLI takes $COLUMNS as the operator's width.
+
+    Drop them so that a test sees what a pipe gets, with or without xdist.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order and group the run for pytest-xdist (``-n 2 --dist loadgroup``, as scripts/test.sh runs it).
+
+    Every Spark test goes to one xdist worker, so the run starts one JVM and
+    one SparkSession (a session fixture is per worker). Tests marked ``slow``
+    are handed out first, so that no worker is left with a long one at the end.
+    The order is the same on every worker, as xdist requires.
+    """
+    for item in items:
+        if item.get_closest_marker("spark") or item.nodeid.startswith("tests/analytics/"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ def deliveries_by_id(harness) -> dict[str, list[int]]:
     return {task_id: sorted(numbers) for task_id, numbers in seen.items()}
 
 
+@pytest.mark.slow
 def test_three_workers_3000_tasks_failing_twice_log_deliveries_1_2_3_exactly(harness):
     for name in ("a", "b", "c"):
         harness.worker(name=name, concurrency=2)

@@ -131,6 +131,7 @@ def test_a_fuzz_run_of_malformed_elements_never_kills_the_worker_and_loses_nothi
 ROUNDS, TASKS = 10, 500
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)   # ten rounds of 20 to 30 s on a busy 2-core machine; the suite's default is 300 s
 def test_redis_restarts_lose_nothing_and_never_stop_the_worker(tmp_path, unique):
     """AOF with appendfsync always; Redis shut down and started again while retries are parked and the

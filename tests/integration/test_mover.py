@@ -67,6 +67,7 @@ def test_entries_claimed_by_a_dead_mover_are_redelivered_after_the_lease(harness
     assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
 
 
+@pytest.mark.slow
 def test_20000_parked_retries_do_not_grow_the_worker(harness):
     worker = harness.worker(concurrency=2, DLQ_TEST_PREFETCH="64")
     main = psutil.Process(worker.proc.pid)
