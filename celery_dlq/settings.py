@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
     "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
+    "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -188,3 +189,11 @@ def _redis_url(conf: Mapping[str, Any]) -> str:
     shown = maybe_sanitize_url(client_url(broker)) if isinstance(broker, str) else broker
     raise ConfigurationError(
         f"dlq_redis_url is required when the broker is not Redis (broker_url is {shown!r})")
+
+
+def web_token(conf: Mapping[str, Any]) -> str | None:
+    """The dashboard's token (``dlq_web_token``): a non-empty string, or None."""
+    token = conf.get("dlq_web_token")
+    if token is not None and not (isinstance(token, str) and token):
+        raise ConfigurationError("dlq_web_token must be a non-empty string (or None)")
+    return token

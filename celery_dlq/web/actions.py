@@ -1,0 +1,154 @@
+"""What changes state: log in and out, replay, purge, redeliver or delete parked retries.
+
+Every change is a POST whose form carries the CSRF token (:func:`posted`
+refuses it otherwise) and, except the login, is refused on a read-only
+dashboard. A replay or purge first shows a confirmation (a GET) stating how
+many dead letters will move, then runs as a background job
+(:mod:`~celery_dlq.web.jobs`). What to act on is one of: the task ids
+ticked (``id``), every dead letter matching the filter, or, with ``all``,
+the whole DLQ, the same selections as ``celery dlq replay``/``purge``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from celery_dlq.ops.letters import Filter, TaskIds
+from celery_dlq.ops.queue import DeadLetterQueue
+from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, TOKEN_USER
+from celery_dlq.web.middleware import cookie_path
+from celery_dlq.web.query import Query
+from celery_dlq.web.render import href, render
+from celery_dlq.web.views import next_path
+
+logger = logging.getLogger(__name__)
+VERBS = {"replay": "Replay", "purge": "Purge"}
+
+
+async def posted(request: Request, *, change: bool = True) -> FormData:
+    """The POSTed form, once its CSRF token is checked (and, for a ``change``, the dashboard is not read-only)."""
+    form = await request.form()
+    if not request.app.state.access.csrf_ok(request.cookies.get(CSRF_COOKIE), form.get(CSRF_FIELD)):
+        raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again (nothing was changed)")
+    if change:
+        refuse_if_read_only(request)
+    return form
+
+
+def refuse_if_read_only(request: Request) -> None:
+    if request.app.state.read_only:
+        raise HTTPException(403, "this dashboard is read-only: actions are disabled (nothing was changed)")
+
+
+class Selection:
+    """Which dead letters an action takes: ticked ids, the filter's matches, or the whole DLQ (``all``)."""
+
+    def __init__(self, params: Any, verb: str) -> None:
+        if verb not in VERBS:
+            raise HTTPException(400, f"unknown action {verb!r}")
+        self.verb, self.query = verb, Query.parse(params)
+        self.ids = [i for i in params.getlist("id") if i]
+        self.everything = params.get("all") == "1"
+        self.to = (params.get("to") or "").strip() or None
+        if not (self.ids or self.query.values or self.everything):
+            raise HTTPException(400, "say which dead letters: tick some, filter, or choose all")
+
+    def where(self) -> Filter | TaskIds | None:
+        """A fresh selector (a :class:`TaskIds` serves one pass): replay the oldest of each id, purge every one."""
+        where = self.query.selection()
+        return TaskIds(self.ids, where, every=self.verb == "purge") if self.ids else where
+
+    def count(self, dead: DeadLetterQueue) -> int:
+        where = self.where()
+        return dead.depth() if where is None else sum(1 for _ in dead.entries(where))
+
+    def describe(self, dead: DeadLetterQueue) -> str:
+        if self.ids:
+            what = f"{len(self.ids)} selected task id(s)"
+        elif self.query.values:
+            what = "every dead letter matching " + ", ".join(f"{k}={v}" for k, v in self.query.values.items())
+        else:
+            what = "every dead letter"
+        return f"{VERBS[self.verb]} {what} of {dead.name}" + (f" to {self.to}" if self.to else "")
+
+
+def confirm_page(request: Request) -> Response:
+    """How many dead letters the action will move, and the button that does it."""
+    refuse_if_read_only(request)
+    dead = request.app.state.op.queue(request.path_params["name"])
+    selection = Selection(request.query_params, request.query_params.get("action", ""))
+    return render(request, "confirm.html", dead=dead, selection=selection, count=selection.count(dead),
+                  title=selection.describe(dead))
+
+
+async def act(request: Request) -> Response:
+    """Start the replay or purge the confirmation page posted, and show its job."""
+    form = await posted(request)
+    verb = request.path_params["verb"]
+    op = request.app.state.op
+    dead = await run_in_threadpool(op.queue, request.path_params["name"])
+    selection = Selection(form, verb)
+    if verb == "replay" and selection.to == dead.name:
+        raise HTTPException(400, f"cannot replay {dead.name} into itself")
+    total = await run_in_threadpool(selection.count, dead)
+    where = selection.where()
+
+    def work(progress: Any) -> Any:
+        if verb == "replay":
+            return dead.replay(where, to=selection.to, progress=progress)
+        return dead.purge(where, force=True, progress=progress)
+
+    job = request.app.state.jobs.start(selection.describe(dead), verb, dead.name, total, request.state.user, work)
+    return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
+
+
+async def parked_action(request: Request) -> Response:
+    """Redeliver a parked retry now, or delete it; an entry already gone is reported, not an error."""
+    form = await posted(request)
+    verb, entry_id = request.path_params["verb"], str(form.get("entry_id") or "")
+    if verb not in ("redeliver", "delete") or not entry_id:
+        raise HTTPException(400, "redeliver or delete one parked retry: entry_id is required")
+    parked = request.app.state.op.parked
+    if verb == "redeliver":
+        n = await run_in_threadpool(parked.redeliver_now, entry_id)
+    else:
+        n = await run_in_threadpool(lambda: parked.delete(entry_id, force=True))
+    logger.info("celery-dlq web: %s parked retry %s by %s: %d", verb, entry_id, request.state.user, n)
+    return render(request, "parked_done.html", verb=verb, entry_id=entry_id, n=n)
+
+
+async def login(request: Request) -> Response:
+    form = await posted(request, change=False)
+    access, user = request.app.state.access, str(form.get("user") or "").strip()
+    target = next_path(str(form.get("next") or ""))
+    if not access.check_password(user, str(form.get("password") or "")):
+        logger.warning("celery-dlq web: failed login for user %r", user)
+        return render(request, "login.html", 401, next=target, error="wrong user or password",
+                      token_user=TOKEN_USER)
+    response = RedirectResponse(href(request, target), 303)
+    response.set_cookie(SESSION_COOKIE, access.session(user), path=cookie_path(request), httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    await posted(request, change=False)
+    response = RedirectResponse(href(request, "/login"), 303)
+    response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
+    return response
+
+
+ROUTES = [
+    Route("/dlq/{name}/confirm", confirm_page, name="confirm"),
+    Route("/dlq/{name}/{verb}", act, methods=["POST"], name="act"),
+    Route("/parked/{verb}", parked_action, methods=["POST"], name="parked_action"),
+    Route("/login", login, methods=["POST"], name="login_post"),
+    Route("/logout", logout, methods=["POST"], name="logout"),
+]

@@ -1,0 +1,57 @@
+"""How values read on a page: times, ages, names in URLs, values of any type. Pure functions."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote
+
+
+def at(seconds: float | None) -> str:
+    """Unix seconds as UTC ``2026-11-24 17:03:12``; ``-`` when unknown."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return "-"
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(seconds: float | None, now: float | None = None) -> str:
+    """How long ago (``3d 4h``, ``12m 5s``, ``40s``); ``-`` when unknown."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return "-"
+    left = max(0, int((time.time() if now is None else now) - seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return " ".join(parts[:2])
+
+
+def due_in(seconds: float | None, now: float | None = None) -> str:
+    """When a parked retry is due: ``in 59m 58s`` or ``now`` (overdue)."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    ahead = seconds - (time.time() if now is None else now)
+    return "now" if ahead <= 0 else "in " + age(time.time() - ahead if now is None else now - ahead, now)
+
+
+def segment(name: str) -> str:
+    """A queue name or id as one URL path segment."""
+    return quote(str(name), safe="")
+
+
+def pretty(value: Any) -> str:
+    """A decoded value as indented JSON (repr when JSON cannot show it)."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def cut(value: Any, limit: int = 120) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+FILTERS = {"at": at, "age": age, "due_in": due_in, "segment": segment, "pretty": pretty, "cut": cut}

@@ -1,0 +1,103 @@
+"""The pages (GET): overview, a DLQ, a dead letter, parked retries, a job; and the login.
+
+Each is a few calls to the operator API and one template. Starlette runs
+these plain functions in its thread pool, so Redis round trips never block
+the event loop.
+"""
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from celery_dlq import headers as H
+from celery_dlq.ops.letters import DeadLetter
+from celery_dlq.ops.window import letter_at, read_window
+from celery_dlq.redis.lists import oldest_pages
+from celery_dlq.web.auth import TOKEN_USER
+from celery_dlq.web.query import PAGE_SIZES, Query
+from celery_dlq.web.render import href, render
+
+#: Parked retries listed per page.
+PARKED_LIMIT = 200
+
+
+def overview(request: Request) -> Response:
+    """Every DLQ: depth, queue, parked retries, the oldest dead letter's age; the counters."""
+    op = request.app.state.op
+    rows = op.queues()
+    oldest = {}
+    for row in rows:
+        if row.name and row.dead_letters:
+            pages = oldest_pages(op.broker, op.list_keys(row.name), 1)
+            times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
+                     for key, (_, raws) in pages.items() if raws]
+            oldest[row.name] = min((t for t in times if t is not None), default=None)
+    return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(),
+                  jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh)
+
+
+def dlq_page(request: Request) -> Response:
+    """One DLQ, a page at a time from either end, filtered as ``celery dlq list`` filters."""
+    op = request.app.state.op
+    dead = op.queue(request.path_params["name"])
+    query = Query.parse(request.query_params)
+    window = read_window(dead, query.start, query.size, newest_first=query.newest_first, where=query.selection())
+    return render(request, "dlq.html", dead=dead, query=query, window=window, sizes=PAGE_SIZES,
+                  reasons=H.Reason.ALL, letters=[(n, letter, letter.as_dict()) for n, letter in window.letters])
+
+
+def letter_page(request: Request) -> Response:
+    """Every ``x-dlq-*`` header, the arguments (decoded only within ``accept_content``), the traceback."""
+    op = request.app.state.op
+    dead = op.queue(request.path_params["name"])
+    task_id = request.path_params["task_id"]
+    try:
+        position = int(request.query_params.get("at", -1))
+    except ValueError:
+        position = -1
+    letter = letter_at(dead, position, task_id, newest_first=request.query_params.get("order") != "oldest")
+    if letter is None:
+        raise HTTPException(404, f"no dead letter of task {task_id} in {dead.name}: "
+                                 "it was replayed or purged (perhaps by someone else)")
+    return render(request, "letter.html", dead=dead, letter=letter, d=letter.as_dict(),
+                  traceback=letter.header(H.TRACEBACK) or "")
+
+
+def parked_page(request: Request) -> Response:
+    """Parked retries (soonest due first), optionally of one queue."""
+    op = request.app.state.op
+    queue = request.query_params.get("queue") or None
+    retries = list(op.parked.entries(queue, limit=PARKED_LIMIT))
+    return render(request, "parked.html", retries=retries, queue=queue, total=op.parked.store.count(),
+                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue())
+
+
+def job_page(request: Request) -> Response:
+    job = request.app.state.jobs.get(request.path_params["job_id"])
+    if job is None:
+        raise HTTPException(404, "no such job (jobs are kept by the process that ran them, until it restarts)")
+    return render(request, "job.html", job=job)
+
+
+def login_page(request: Request) -> Response:
+    if request.app.state.access.no_auth:
+        return RedirectResponse(href(request, "/"), 303)
+    return render(request, "login.html", next=next_path(request.query_params.get("next")), error=None,
+                  token_user=TOKEN_USER)
+
+
+def next_path(target: str | None) -> str:
+    """Where to go after the login: a path inside the dashboard only (no open redirect)."""
+    return target if target and target.startswith("/") and not target.startswith("//") else "/"
+
+
+ROUTES = [
+    Route("/", overview, name="overview"),
+    Route("/dlq/{name}", dlq_page, name="dlq"),
+    Route("/dlq/{name}/letters/{task_id}", letter_page, name="letter"),
+    Route("/parked", parked_page, name="parked"),
+    Route("/jobs/{job_id}", job_page, name="job"),
+    Route("/login", login_page, name="login"),
+]
