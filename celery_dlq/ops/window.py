@@ -73,7 +73,7 @@ def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newes
             break
         s, offset = located
         index, length, from_head = segments[s]
-        batch = min(count - len(shown) if where is None else BATCH, length - offset)
+        batch = min(count - len(shown) if where is None else min(BATCH, scan - scanned), length - offset)
         bounds = (offset, offset + batch - 1) if from_head else tail_range(offset, batch)
         raws = broker.lrange(keys[index], *bounds)
         if not raws:  # the list shrank under us: nothing more to read here

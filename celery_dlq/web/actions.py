@@ -102,8 +102,12 @@ async def act(request: Request) -> Response:
 
     def work(progress: Any) -> Any:
         if verb == "replay":
-            return dead.replay(where, to=selection.to, progress=progress)
-        return dead.purge(where, force=True, progress=progress)
+            out = dead.replay(where, to=selection.to, progress=progress)
+        else:
+            out = dead.purge(where, force=True, progress=progress)
+        if isinstance(where, TaskIds):  # ticked ids nobody found: replayed or purged by someone else
+            out.missing += len(where.missing)
+        return out
 
     job = request.app.state.jobs.start(selection.describe(dead), verb, dead.name, total, request.state.user, work)
     return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
