@@ -1,0 +1,239 @@
+"""The dashboard for real: the `celery dlq web` program, a real redis-server, a real worker, Chromium.
+
+Debian's ``chromium`` and ``chromium-driver`` drive the pages with
+selenium (scripts/test.sh installs them when absent). Screenshots of the
+overview and of a dead letter's page go to ``$DLQ_WEB_SCREENSHOTS`` when
+set (that is how docs/web-*.png are made), else to the test's tmp dir.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from celery import Celery
+
+from celery_dlq.manage import Operator
+from tests.integration.conftest import ROOT
+from tests.integration.test_operator import fabricate
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD = "alice", "wonder-land"
+
+
+class WebServer:
+    """`celery -A tests.integration.ops_app dlq web` on a free port, logging to a file."""
+
+    def __init__(self, harness, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = harness.tmp_path / "web.log"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", "web",
+             "--port", str(self.port), "--basic-auth", f"{USER}:{PASSWORD}", "--refresh", "0", *args],
+            cwd=ROOT, env=harness.env(), stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.url + "/login", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"celery dlq web did not come up:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def ops(harness):
+    app = Celery("ops", broker=harness.broker, set_as_current=False)
+    app.conf.update(task_default_queue=harness.queue, dlq_key_prefix=harness.prefix)
+    op = Operator(app)
+    yield op
+    op.client.close()
+
+
+@pytest.fixture
+def browser():
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.fail("chromium and chromedriver are required (scripts/test.sh installs chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,860",
+                "--disable-gpu"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition", logs: str = ""):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{logs[-3000:]}")
+        time.sleep(0.1)
+
+
+def shot_dir(tmp_path: Path) -> Path:
+    target = Path(os.environ.get("DLQ_WEB_SCREENSHOTS") or tmp_path)
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def click(driver, element) -> None:
+    """Click what loads a new page, and wait until the new page is there (not the old one still)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 15).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def rows(driver) -> list[tuple[str, str]]:
+    """(task id, task name) of each dead letter on the DLQ page."""
+    from selenium.webdriver.common.by import By
+
+    return [(tr.get_attribute("data-task-id"), tr.find_element(By.CSS_SELECTOR, "td.task").text)
+            for tr in driver.find_elements(By.CSS_SELECTOR, "tr.letter")]
+
+
+def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(harness, ops, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"result_backend": harness.broker})
+    harness.redis.set(f"{harness.prefix}:broken", 1)
+    worker = harness.worker()
+    fixed = [harness.send("proj.fixed_by_flag", args=(n,)).id for n in range(3)]
+    failing = [harness.send("proj.always_fails", args=(n,)).id for n in range(2)]
+    parked = harness.send("proj.park_long").id
+    harness.wait_until(lambda: len(harness.dead_letters()) == 5, message="5 dead letters")
+    harness.wait_until(lambda: ops.parked.store.count() == 1, message="a parked retry")
+    server = WebServer(harness)
+    try:
+        dlq, driver = f"DLQ.{harness.queue}", browser
+        driver.get(server.url + "/")
+        assert "/login" in driver.current_url  # not logged in: the login form
+        driver.find_element(By.ID, "user").send_keys(USER)
+        driver.find_element(By.ID, "password").send_keys(PASSWORD)
+        click(driver, driver.find_element(By.ID, "login"))
+        wait_for(lambda: driver.find_elements(By.ID, "queues"), what="the overview")
+        overview = driver.find_element(By.ID, "queues").text
+        assert re.search(rf"{re.escape(dlq)} {harness.queue} 5 1 \d+s ago", overview), overview
+        driver.save_screenshot(str(shot_dir(tmp_path) / "web-overview.png"))
+
+        click(driver, driver.find_element(By.LINK_TEXT, dlq))
+        assert sorted(rows(driver)) == sorted([(i, "proj.fixed_by_flag") for i in fixed]
+                                              + [(i, "proj.always_fails") for i in failing])
+        driver.find_element(By.NAME, "task").send_keys("proj.fixed_by_flag")
+        click(driver, driver.find_element(By.ID, "apply"))
+        assert "task=proj.fixed_by_flag" in driver.current_url  # a bookmarkable filtered view
+        assert sorted(rows(driver)) == sorted((i, "proj.fixed_by_flag") for i in fixed)
+
+        harness.redis.delete(f"{harness.prefix}:broken")  # the fix is deployed
+        click(driver, driver.find_element(By.ID, "replay-matching"))
+        assert "3 dead letters to their original queue" in driver.find_element(By.ID, "count").text
+        click(driver, driver.find_element(By.ID, "confirm"))
+        result = wait_for(lambda: driver.find_elements(By.ID, "result"), what="the replay's result")[0]
+        assert (result.get_attribute("data-done"), result.get_attribute("data-missing")) == ("3", "0")
+
+        def succeeded() -> bool:
+            metas = [harness.redis.get(f"celery-task-meta-{task_id}") for task_id in fixed]
+            return all(meta and json.loads(meta)["status"] == "SUCCESS" for meta in metas)
+
+        wait_for(succeeded, what="the worker to run the replayed tasks", logs=worker.log())
+        for task_id in fixed:  # failed twice, then replayed: delivery 1 again, and it succeeded
+            assert [r["delivery"] for r in harness.deliveries(task_id)] == [1, 2, 1]
+        assert all(json.loads(harness.redis.get(f"celery-task-meta-{i}"))["result"] == 1 for i in fixed)
+        click(driver, driver.find_element(By.ID, "back"))
+        assert sorted(rows(driver)) == sorted((i, "proj.always_fails") for i in failing)  # the page shrank
+
+        click(driver, driver.find_element(By.LINK_TEXT, failing[0]))
+        assert driver.find_element(By.ID, "task-id").text == failing[0]
+        assert "ValueError: always fails #0" in driver.find_element(By.ID, "traceback").text
+        assert driver.find_element(By.ID, "args").text.replace("\n", "").replace(" ", "") == "[0]"
+        driver.set_window_size(1280, 1500)  # headers and traceback in the picture too
+        driver.save_screenshot(str(shot_dir(tmp_path) / "web-dead-letter.png"))
+        driver.set_window_size(1280, 860)
+        click(driver, driver.find_element(By.ID, "purge-one"))
+        assert "delete for good 1 dead letter" in driver.find_element(By.ID, "count").text
+        click(driver, driver.find_element(By.ID, "confirm"))
+        result = wait_for(lambda: driver.find_elements(By.ID, "result"), what="the purge's result")[0]
+        assert result.get_attribute("data-done") == "1"
+        click(driver, driver.find_element(By.ID, "back"))
+        assert rows(driver) == [(failing[1], "proj.always_fails")]
+        assert [m["headers"]["id"] for m in harness.dead_letters()] == [failing[1]]
+
+        click(driver, driver.find_element(By.LINK_TEXT, "Parked retries"))
+        (retry,) = driver.find_elements(By.CSS_SELECTOR, "tr.retry")
+        assert retry.get_attribute("data-task-id") == parked and "in 59m" in retry.text
+        click(driver, retry.find_element(By.CSS_SELECTOR, "button.redeliver"))
+        assert "Due now" in driver.find_element(By.ID, "result").text
+        # proj.park_long fails again on its 2nd (last) delivery: redelivered now, it is dead-lettered now.
+        harness.wait_until(lambda: [m["headers"]["id"] for m in harness.dead_letters()] == [failing[1], parked],
+                           timeout=30, message="the redelivered retry to run and be dead-lettered")
+        assert ops.parked.store.count() == 0
+        driver.get(server.url + "/parked")
+        assert driver.find_elements(By.CSS_SELECTOR, "tr.retry") == []
+        assert PASSWORD not in server.log()
+    finally:
+        server.stop()
+
+
+def test_replaying_ten_thousand_from_the_page_answers_at_once_and_finishes_in_the_background(harness):
+    ids = fabricate(harness, 10_000)
+    server = WebServer(harness)
+    try:
+        with httpx.Client(base_url=server.url, auth=(USER, PASSWORD), timeout=10) as http:
+            page = http.get(f"/dlq/DLQ.{harness.queue}/confirm", params={"action": "replay", "all": "1"})
+            assert "<strong>10000</strong>" in page.text
+            token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text).group(1)
+            started = time.monotonic()
+            posted = http.post(f"/dlq/DLQ.{harness.queue}/replay", data={"csrf_token": token, "all": "1"})
+            answered = time.monotonic() - started
+            assert posted.status_code == 303 and "/jobs/" in posted.headers["location"]
+
+            def finished():
+                html = http.get(posted.headers["location"]).text
+                return re.search(r'data-done="(\d+)" data-missing="(\d+)" data-failed="(\d+)"', html)
+
+            result = wait_for(finished, timeout=120, what="the replay job", logs=server.log())
+            took = time.monotonic() - started
+        print(f"POST answered in {answered:.2f} s; 10,000 replayed in {took:.1f} s")
+        assert tuple(map(int, result.groups())) == (10_000, 0, 0)
+        assert harness.redis.llen(harness.queue) == 10_000 and harness.redis.llen(f"DLQ.{harness.queue}") == 0
+        assert set(json.loads(raw)["headers"]["id"] for raw in harness.redis.lrange(harness.queue, 0, -1)) == set(ids)
+    finally:
+        server.stop()
