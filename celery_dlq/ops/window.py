@@ -55,7 +55,7 @@ def _locate(segments: list[tuple[int, int, bool]], position: int) -> tuple[int, 
 
 
 def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newest_first: bool = False,
-                where: Selector | None = None, scan: int = 20_000) -> Window:
+                where: Selector | None = None, scan: int = 10_000) -> Window:
     """``count`` dead letters of ``dead`` that ``where`` selects, from ``start``, reading at most ``scan``."""
     if start < 0 or count < 1:
         raise ValueError(f"a page starts at 0 or later and shows at least 1 (got start={start}, count={count})")
