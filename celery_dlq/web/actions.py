@@ -97,7 +97,6 @@ async def act(request: Request) -> Response:
     selection = Selection(form, verb)
     if verb == "replay" and selection.to == dead.name:
         raise HTTPException(400, f"cannot replay {dead.name} into itself")
-    total = await run_in_threadpool(selection.count, dead)
     where = selection.where()
 
     def work(progress: Any) -> Any:
@@ -109,8 +108,15 @@ async def act(request: Request) -> Response:
             out.missing += len(where.missing)
         return out
 
-    job = request.app.state.jobs.start(selection.describe(dead), verb, dead.name, total, request.state.user, work)
+    job = request.app.state.jobs.start(selection.describe(dead), verb, dead.name, _expected(form), request.state.user,
+                                       work)
     return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
+
+
+def _expected(form: FormData) -> int | None:
+    """The count the confirmation showed: only the progress page's "of N" (the job counts what it does)."""
+    value = str(form.get("expected") or "")
+    return int(value) if value.isdigit() else None
 
 
 async def parked_action(request: Request) -> Response:

@@ -20,12 +20,13 @@ def age(seconds: float | None, now: float | None = None) -> str:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
         return "-"
     left = max(0, int((time.time() if now is None else now) - seconds))
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size or (unit == "s" and not parts):
-            parts.append(f"{left // size}{unit}")
-            left %= size
-    return " ".join(parts[:2])
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    first = next((n for n, (_, size) in enumerate(units) if left >= size), len(units) - 1)
+    (unit, size), rest = units[first], left % units[first][1]
+    parts = [f"{left // size}{unit}"]
+    if first + 1 < len(units) and rest // units[first + 1][1]:
+        parts.append(f"{rest // units[first + 1][1]}{units[first + 1][0]}")
+    return " ".join(parts)
 
 
 def due_in(seconds: float | None, now: float | None = None) -> str:

@@ -90,7 +90,8 @@ def login_page(request: Request) -> Response:
 
 def next_path(target: str | None) -> str:
     """Where to go after the login: a path inside the dashboard only (no open redirect)."""
-    return target if target and target.startswith("/") and not target.startswith("//") else "/"
+    ok = target and target.startswith("/") and not target.startswith("//") and "\\" not in target
+    return target if ok else "/"
 
 
 ROUTES = [
