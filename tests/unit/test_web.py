@@ -439,3 +439,15 @@ def test_ages_and_times_read_as_people_say_them():
     assert age(T0 - 3 * 86400 - 60, now=T0) == "3d" and age(T0 - 3 * 86400 - 7200, now=T0) == "3d 2h"
     assert age(T0 - 125, now=T0) == "2m 5s" and age(T0, now=T0) == "0s" and age(T0 + 5, now=T0) == "0s"
     assert due_in(T0 + 3599, now=T0) == "in 59m 59s" and due_in(T0 - 1, now=T0) == "now"
+
+
+def test_letters_that_cannot_be_replayed_are_listed_as_failed_with_the_reason(web, fake):
+    good = letters(fake, 1)
+    fake.lpush("DLQ.orders", b"not a kombu message at all")
+    c = client(web)
+    r = c.post("/dlq/DLQ.orders/replay", data={"csrf_token": csrf(c), "all": "1"}, follow_redirects=False)
+    assert run_job(c, web, r) == {"done": 1, "missing": 0, "failed": 1}
+    page = c.get(r.headers["location"]).text
+    assert "&lt;unknown id&gt;: not a kombu message" in page
+    assert [json.loads(raw)["headers"]["id"] for raw in fake.lrange("orders", 0, -1)] == good
+    assert fake.lrange("DLQ.orders", 0, -1) == [b"not a kombu message at all"]  # kept, not lost
