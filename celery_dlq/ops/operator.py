@@ -166,11 +166,11 @@ class Operator:
                         fields.get("dead_letter_queue_suffix", base.dead_letter_queue_suffix)))
         return {s for s in shapes if s[0] or s[1]}, named
 
-    def stats(self) -> dict[str, int]:
-        """The ``stats`` counters, plus what is parked and dead-lettered right now."""
+    def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
+        """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""
         counters = {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.stats).items()}
         counters["parked_now"] = self.parked.store.count()
-        counters["dead_letters_now"] = sum(info.dead_letters for info in self.queues())
+        counters["dead_letters_now"] = sum(info.dead_letters for info in (self.queues() if rows is None else rows))
         return dict(sorted(counters.items()))
 
     def forget(self, letters: list[DeadLetter]) -> None:

@@ -34,7 +34,7 @@ def overview(request: Request) -> Response:
             times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
                      for key, (_, raws) in pages.items() if raws]
             oldest[row.name] = min((t for t in times if t is not None), default=None)
-    return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(),
+    return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
                   jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh)
 
 
