@@ -10,6 +10,7 @@ our own write failed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from billiard.exceptions import WorkerLostError
@@ -20,6 +21,7 @@ from celery.worker.state import task_ready
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
+from celery_dlq.errors import MessageExpired
 from celery_dlq.headers import Reason
 from celery_dlq.message import was_redelivered
 from celery_dlq.worker.runtime import MessageContext, runtime_of
@@ -119,7 +121,8 @@ class RedeliveryRequest(Request):
         ctx = self._dlq_context()
         try:
             runtime_of(self.app).redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
-                                                 delay=exc.when or 0.0, message=ctx.message)
+                                                 delay=exc.when or 0.0, message=ctx.message,
+                                                 arguments=getattr(exc, "arguments", None))
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
@@ -130,6 +133,8 @@ class RedeliveryRequest(Request):
         policy, delivery = ctx.policy, ctx.delivery
         if isinstance(exc, SoftTimeLimitExceeded):
             reason = Reason.TIME_LIMIT
+        elif self._dlq_expired(exc, ctx):
+            reason = Reason.EXPIRED
         elif policy.attempts_left(delivery) or (policy.dead_letter_on and isinstance(exc, policy.dead_letter_on)):
             reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise; or never retried
         else:
@@ -138,6 +143,20 @@ class RedeliveryRequest(Request):
         if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False, retry=retry) is None:
             return None
         return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_expired(self, exc, ctx: MessageContext) -> bool:
+        """Whether the child gave up because the next delivery would come after the message's ``expires``.
+
+        The child raises the task's own exception then (its state is FAILURE,
+        as for a last failure), so this is read back: a message that has an
+        expiry, failed with an exception the policy retries and had attempts
+        left was only not parked because of its expiry; ``self.retry()``
+        without an ``exc`` says so with :class:`MessageExpired`.
+        """
+        if isinstance(exc, MessageExpired):
+            return True
+        return (H.expires_at({"expires": self.expires}) is not None and ctx.policy.attempts_left(ctx.delivery)
+                and ctx.policy.is_retryable(exc))
 
     def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
         retry = lambda: self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)  # noqa: E731
@@ -155,9 +174,12 @@ class RedeliveryRequest(Request):
         runtime = runtime_of(self.app)
         try:
             if lost and ctx.policy.attempts_left(ctx.delivery):
-                runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
-                                        delay=ctx.policy.delay_after(ctx.delivery), message=ctx.message)
-                return "parked"
+                delay = ctx.policy.delay_after(ctx.delivery)
+                if not H.expires_before(ctx.envelope.headers, time.time() + delay):
+                    runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
+                                            delay=delay, message=ctx.message)
+                    return "parked"
+                reason = Reason.EXPIRED
             runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
                                 failure=failure, worker=self.hostname)
             return "dead_lettered"
