@@ -1,0 +1,168 @@
+"""Issue 14, points 1 and 4 end to end: Celery's ``expires`` and ``self.retry(args=..., kwargs=...)``.
+
+Real redis-server, real prefork workers. Before these changes an expiring
+message that failed was parked past its expiry, redelivered, and discarded
+by Celery as expired (no dead letter, no count); a retry with new arguments
+took Celery's in-memory ETA path (nothing parked, delivery counts lost).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import subprocess
+import time
+
+import pytest
+import redis
+
+from celery_dlq import headers as H
+from tests.integration.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def store_keys(prefix: str) -> dict[str, str]:
+    base = f"{{{prefix}}}"
+    return {name: f"{base}:{name}" for name in ("delayed", "leases", "payloads", "expiries", "stats")}
+
+
+def assert_store_empty(client: redis.Redis, prefix: str) -> None:
+    keys = store_keys(prefix)
+    assert client.zcard(keys["delayed"]) == 0
+    assert client.zcard(keys["leases"]) == 0
+    assert client.hlen(keys["payloads"]) == 0
+    assert client.hlen(keys["expiries"]) == 0
+
+
+def stats(client: redis.Redis, prefix: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(store_keys(prefix)["stats"]).items()}
+
+
+def dlq_cli(harness, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.proj", "dlq", *args],
+                          cwd=ROOT, env=harness.env(), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_failure_whose_redelivery_would_come_after_expires_is_dead_lettered_at_once(harness):
+    harness.worker()
+    sent = time.time()
+    result = harness.send("proj.fails_slow_retry", expires=2)
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
+    assert time.time() - sent < 2.0 + 1.0  # at once, not when the 5 s redelivery would have been due
+    (letter,) = harness.dead_letters()
+    headers = letter["headers"]
+    assert headers["id"] == result.id
+    assert headers[H.REASON] == "expired"
+    assert headers[H.DELIVERY_COUNT] == 1
+    assert headers[H.EXCEPTION_TYPE] == "ConnectionError"
+    assert headers[H.EXCEPTION_MESSAGE] == "come back in 5 s"
+    time.sleep(2.5)  # past the expiry: nothing was parked, so nothing comes back
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    assert_store_empty(harness.redis, harness.prefix)
+    counted = stats(harness.redis, harness.prefix)
+    assert counted.get("dead_lettered") == 1 and counted.get("expired") == 1 and "parked" not in counted
+    listed = dlq_cli(harness, "list", harness.queue, "--reason", "expired", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [row["task_id"] for row in json.loads(listed.stdout)] == [result.id]
+    other = dlq_cli(harness, "list", harness.queue, "--reason", "max_delivery_attempts")
+    assert other.returncode != 0 and "nothing matched" in other.stderr + other.stdout
+
+
+@pytest.mark.parametrize("fmt", ["direct", "publish"])
+def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_and_never_runs(harness, fmt):
+    """The only worker stops while the message is parked; when one starts after the expiry its mover
+    dead-letters the entry instead of moving it (direct format: inside Redis; publish format: a store
+    apart from the broker)."""
+    store = harness.redis
+    if fmt == "publish":  # the store on another database of the same server: parked copies are envelopes
+        url = harness.broker.rsplit("/", 1)[0] + f"/{(harness.db % 15) + 1}"
+        harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_redis_url": url})
+        store = redis.Redis.from_url(url)
+    keys = store_keys(harness.prefix)
+    try:
+        first = harness.worker(name="w1")
+        result = harness.send("proj.fails_retry_3s", expires=4)
+        expires_at = time.time() + 4
+        harness.wait_until(lambda: store.zcard(keys["delayed"]) == 1, timeout=10, message="the parked copy")
+        assert store.hlen(keys["expiries"]) == 1  # parked with its expiry beside it (due 3 s < expiry 4 s)
+        first.stop()
+        assert store.zcard(keys["delayed"]) == 1, "the mover moved it before the worker stopped"
+        time.sleep(max(0.0, expires_at - time.time()) + 0.3)
+        harness.worker(name="w2")
+        harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
+        (letter,) = harness.dead_letters()
+        headers = letter["headers"]
+        assert headers["id"] == result.id
+        assert headers[H.REASON] == "expired"
+        assert headers[H.DELIVERY_COUNT] == 1 and headers["retries"] == 0  # the one delivery that ran
+        assert headers[H.EXCEPTION_TYPE] == "ConnectionError"
+        assert headers[H.EXCEPTION_MESSAGE] == "come back in 3 s"
+        assert headers[H.WORKER].startswith("w2@")
+        assert json.loads(base64.b64decode(letter["body"]))[0] == []  # the original message's body
+        time.sleep(0.5)
+        assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]  # never ran again
+        assert harness.redis.llen(harness.queue) == 0
+        assert_store_empty(store, harness.prefix)
+        counted = stats(store, harness.prefix)
+        assert counted.get("parked") == 1 and counted.get("expired") == 1 and counted.get("dead_lettered") == 1
+        assert "redelivered" not in counted
+    finally:
+        if store is not harness.redis:
+            store.delete(*keys.values(), f"{{{harness.prefix}}}:parked", f"{{{harness.prefix}}}:events",
+                         f"{{{harness.prefix}}}:metrics", f"{{{harness.prefix}}}:queues")
+            store.close()
+
+
+def test_expired_drop_counts_and_logs_the_message_and_keeps_nothing(harness):
+    worker = harness.worker(DLQ_TEST_CONF=json.dumps(
+        {"dlq_task_policies": {"proj.fails_slow_retry": {"expired": "drop"}}}))
+    result = harness.send("proj.fails_slow_retry", expires=2)
+    harness.wait_until(lambda: stats(harness.redis, harness.prefix).get("dropped") == 1, timeout=20,
+                       message="the drop counted")
+    assert stats(harness.redis, harness.prefix).get("expired") == 1
+    time.sleep(2.5)
+    assert harness.dead_letters() == []
+    assert harness.redis.llen(harness.queue) == 0
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    assert_store_empty(harness.redis, harness.prefix)
+    assert f"dropping proj.fails_slow_retry[{result.id}]" in worker.log()
+    assert "expired='drop'" in worker.log()
+    shown = dlq_cli(harness, "stats", "--json")
+    assert shown.returncode == 0, shown.stderr
+    counters = {row["name"]: row["value"] for row in json.loads(shown.stdout)}
+    assert counters["dropped"] == 1 and counters["expired"] == 1
+
+
+def test_retry_with_new_arguments_parks_a_copy_carrying_them(harness):
+    harness.worker()
+    result = harness.send("proj.retry_new_args", args=(0,), kwargs={"until": 2})
+    harness.wait_until(lambda: len(harness.deliveries(result.id)) == 3, message="3 deliveries")
+    rows = harness.deliveries(result.id)
+    assert [r["delivery"] for r in rows] == [1, 2, 3]
+    assert [r["retries"] for r in rows] == [0, 1, 2]
+    assert [(r["args"], r["kwargs"]) for r in rows] == [
+        ([0], {"until": 2}), ([1], {"until": 2, "note": "retry 1"}), ([2], {"until": 2, "note": "retry 2"})]
+    # Parked in Redis like any other redelivery (Celery's own path would hold an ETA message in memory).
+    counted = stats(harness.redis, harness.prefix)
+    assert counted.get("parked") == 2 and counted.get("redelivered") == 2
+    time.sleep(0.5)
+    assert len(harness.deliveries(result.id)) == 3
+    assert harness.dead_letters() == []
+    assert_store_empty(harness.redis, harness.prefix)
+    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+
+
+def test_retry_with_new_arguments_counts_deliveries_and_dead_letters_the_last_arguments(harness):
+    harness.worker()
+    result = harness.send("proj.retry_new_args", args=(0,), kwargs={"until": 10})
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, message="a dead letter")
+    assert [(r["delivery"], r["args"]) for r in harness.deliveries(result.id)] == [(1, [0]), (2, [1]), (3, [2])]
+    (letter,) = harness.dead_letters()
+    headers = letter["headers"]
+    assert headers["id"] == result.id and headers[H.REASON] == "max_delivery_attempts"
+    assert headers[H.DELIVERY_COUNT] == 3
+    args, kwargs, _embed = json.loads(base64.b64decode(letter["body"]))
+    assert (args, kwargs) == ([2], {"until": 10, "note": "retry 2"})
+    assert headers["argsrepr"] == "[2]"
