@@ -203,3 +203,11 @@ def retry_new_args(self, step=0, until=2, note="first"):
     if step < until:
         raise self.retry(args=(step + 1,), kwargs={"until": until, "note": f"retry {step + 1}"}, countdown=0.1)
     return step
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.poison_slow_retry",
+          redelivery_policy={"redelivery_delay": 5.0, "max_delivery_attempts": 3})
+def poison_slow_retry(self):
+    """Kills its pool process; the next delivery would come 5 s later."""
+    record(self)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -75,11 +75,7 @@ def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_an
     """The only worker stops while the message is parked; when one starts after the expiry its mover
     dead-letters the entry instead of moving it (direct format: inside Redis; publish format: a store
     apart from the broker)."""
-    store = harness.redis
-    if fmt == "publish":  # the store on another database of the same server: parked copies are envelopes
-        url = harness.broker.rsplit("/", 1)[0] + f"/{(harness.db % 15) + 1}"
-        harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_redis_url": url})
-        store = redis.Redis.from_url(url)
+    store = separate_store(harness) if fmt == "publish" else harness.redis
     keys = store_keys(harness.prefix)
     try:
         first = harness.worker(name="w1")
@@ -110,9 +106,7 @@ def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_an
         assert "redelivered" not in counted
     finally:
         if store is not harness.redis:
-            store.delete(*keys.values(), f"{{{harness.prefix}}}:parked", f"{{{harness.prefix}}}:events",
-                         f"{{{harness.prefix}}}:metrics", f"{{{harness.prefix}}}:queues")
-            store.close()
+            drop_store(store, harness.prefix)
 
 
 def test_expired_drop_counts_and_logs_the_message_and_keeps_nothing(harness):
@@ -135,7 +129,31 @@ def test_expired_drop_counts_and_logs_the_message_and_keeps_nothing(harness):
     assert counters["dropped"] == 1 and counters["expired"] == 1
 
 
-def test_retry_with_new_arguments_parks_a_copy_carrying_them(harness):
+def separate_store(harness) -> redis.Redis:
+    """Parked copies in the publish format: the store on another database of the test's redis-server
+    (database 0, which no harness uses as its broker, so no other test's cleanup flushes it)."""
+    url = harness.broker.rsplit("/", 1)[0] + "/0"
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_redis_url": url})
+    return redis.Redis.from_url(url)
+
+
+def drop_store(store: redis.Redis, prefix: str) -> None:
+    names = ("delayed", "leases", "payloads", "expiries", "stats", "parked", "events", "metrics", "queues")
+    store.delete(*(f"{{{prefix}}}:{name}" for name in names))
+    store.close()
+
+
+@pytest.mark.parametrize("fmt", ["direct", "publish"])
+def test_retry_with_new_arguments_parks_a_copy_carrying_them(harness, fmt):
+    store = separate_store(harness) if fmt == "publish" else harness.redis
+    try:
+        _retry_with_new_arguments(harness, store)
+    finally:
+        if store is not harness.redis:
+            drop_store(store, harness.prefix)
+
+
+def _retry_with_new_arguments(harness, store: redis.Redis) -> None:
     harness.worker()
     result = harness.send("proj.retry_new_args", args=(0,), kwargs={"until": 2})
     harness.wait_until(lambda: len(harness.deliveries(result.id)) == 3, message="3 deliveries")
@@ -145,12 +163,12 @@ def test_retry_with_new_arguments_parks_a_copy_carrying_them(harness):
     assert [(r["args"], r["kwargs"]) for r in rows] == [
         ([0], {"until": 2}), ([1], {"until": 2, "note": "retry 1"}), ([2], {"until": 2, "note": "retry 2"})]
     # Parked in Redis like any other redelivery (Celery's own path would hold an ETA message in memory).
-    counted = stats(harness.redis, harness.prefix)
+    counted = stats(store, harness.prefix)
     assert counted.get("parked") == 2 and counted.get("redelivered") == 2
     time.sleep(0.5)
     assert len(harness.deliveries(result.id)) == 3
     assert harness.dead_letters() == []
-    assert_store_empty(harness.redis, harness.prefix)
+    assert_store_empty(store, harness.prefix)
     harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
 
 
@@ -166,3 +184,15 @@ def test_retry_with_new_arguments_counts_deliveries_and_dead_letters_the_last_ar
     args, kwargs, _embed = json.loads(base64.b64decode(letter["body"]))
     assert (args, kwargs) == ([2], {"until": 10, "note": "retry 2"})
     assert headers["argsrepr"] == "[2]"
+
+
+def test_a_lost_worker_whose_redelivery_would_come_after_expires_is_dead_lettered_at_once(harness):
+    harness.worker()
+    result = harness.send("proj.poison_slow_retry", expires=3)
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
+    headers = harness.dead_letters()[0]["headers"]
+    assert headers["id"] == result.id and headers[H.REASON] == "expired"
+    assert headers[H.EXCEPTION_TYPE] == "billiard.exceptions.WorkerLostError"
+    time.sleep(3.5)
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    assert_store_empty(harness.redis, harness.prefix)
