@@ -164,7 +164,8 @@ class MoverThread(threading.Thread):
         The dead letter says delivery ``n`` (the last that ran) and carries
         the failure of that delivery; its audit marker is keyed by the entry,
         so a mover that dies between the dead letter and the ack does not
-        dead-letter it twice.
+        dead-letter it twice. The result backend gets what Celery records for
+        a message it discards as expired (:meth:`_record_revoked`).
         """
         runtime, done = self.runtime, []
         try:
@@ -175,6 +176,7 @@ class MoverThread(threading.Thread):
                                     policy=runtime.policy(envelope.task_name or "", envelope.queue),
                                     reason=Reason.EXPIRED, failure=H.last_failure(headers), worker=self.hostname)
                 done.append(entry)
+                self._record_revoked(envelope)
         except Exception:
             self._release([entry for entry, _ in expired[len(done):]])
             raise
@@ -182,6 +184,23 @@ class MoverThread(threading.Thread):
             if done:
                 runtime.store.ack_many(done)
         return len(done)
+
+    def _record_revoked(self, envelope: Envelope) -> None:
+        """REVOKED with reason ``expired``, as Celery's worker records a message it discards as expired.
+
+        Honours ``ignore_result`` as Celery does; a backend error is logged, never raised (the dead
+        letter is what keeps the message).
+        """
+        task = self.app.tasks.get(envelope.task_name or "")
+        ignored = envelope.headers.get("ignore_result", getattr(task, "ignore_result", False))
+        if not envelope.task_id or (ignored and not getattr(task, "store_errors_even_if_ignored", False)):
+            return
+        try:
+            backend = task.backend if task is not None else self.app.backend
+            backend.mark_as_revoked(envelope.task_id, "expired")
+        except Exception:
+            logger.exception("celery-dlq mover: could not record %s[%s] as revoked (expired) in the result backend",
+                             envelope.task_name, envelope.task_id)
 
     def _release(self, entries: list) -> None:
         retry_at = time.time() + max(1.0, self.interval)

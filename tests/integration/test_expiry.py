@@ -15,6 +15,7 @@ import time
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_dlq import headers as H
 from tests.integration.conftest import ROOT
@@ -46,6 +47,7 @@ def dlq_cli(harness, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_failure_whose_redelivery_would_come_after_expires_is_dead_lettered_at_once(harness):
+    with_results(harness)
     harness.worker()
     sent = time.time()
     result = harness.send("proj.fails_slow_retry", expires=2)
@@ -58,6 +60,10 @@ def test_a_failure_whose_redelivery_would_come_after_expires_is_dead_lettered_at
     assert headers[H.DELIVERY_COUNT] == 1
     assert headers[H.EXCEPTION_TYPE] == "ConnectionError"
     assert headers[H.EXCEPTION_MESSAGE] == "come back in 5 s"
+    harness.wait_until(lambda: result.state == "FAILURE", message="FAILURE recorded")  # the last failure
+    assert isinstance(result.result, ConnectionError)
+    metrics = {k.decode(): int(v) for k, v in harness.redis.hgetall(f"{{{harness.prefix}}}:metrics").items()}
+    assert [v for k, v in metrics.items() if k.startswith("dead_lettered_total") and 'reason="expired"' in k] == [1]
     time.sleep(2.5)  # past the expiry: nothing was parked, so nothing comes back
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert_store_empty(harness.redis, harness.prefix)
@@ -77,6 +83,7 @@ def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_an
     apart from the broker)."""
     store = separate_store(harness) if fmt == "publish" else harness.redis
     keys = store_keys(harness.prefix)
+    with_results(harness)
     try:
         first = harness.worker(name="w1")
         result = harness.send("proj.fails_retry_3s", expires=4)
@@ -96,6 +103,8 @@ def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_an
         assert headers[H.EXCEPTION_TYPE] == "ConnectionError"
         assert headers[H.EXCEPTION_MESSAGE] == "come back in 3 s"
         assert headers[H.WORKER].startswith("w2@")
+        harness.wait_until(lambda: result.state == "REVOKED", message="REVOKED recorded")  # as Celery would
+
         assert json.loads(base64.b64decode(letter["body"]))[0] == []  # the original message's body
         time.sleep(0.5)
         assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]  # never ran again
@@ -129,11 +138,24 @@ def test_expired_drop_counts_and_logs_the_message_and_keeps_nothing(harness):
     assert counters["dropped"] == 1 and counters["expired"] == 1
 
 
+def configure(harness, **settings) -> None:
+    """Add ``settings`` to the workers' configuration (DLQ_TEST_CONF)."""
+    conf = json.loads(harness.extra_env.get("DLQ_TEST_CONF", "{}"))
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({**conf, **settings})
+
+
+def with_results(harness) -> Celery:
+    """Workers and a client app with the broker's Redis as result backend: what Celery records is read back."""
+    configure(harness, result_backend=harness.broker)
+    harness.app.conf.result_backend = harness.broker
+    return harness.app
+
+
 def separate_store(harness) -> redis.Redis:
     """Parked copies in the publish format: the store on another database of the test's redis-server
     (database 0, which no harness uses as its broker, so no other test's cleanup flushes it)."""
     url = harness.broker.rsplit("/", 1)[0] + "/0"
-    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_redis_url": url})
+    configure(harness, dlq_redis_url=url)
     return redis.Redis.from_url(url)
 
 
