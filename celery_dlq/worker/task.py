@@ -23,6 +23,10 @@ from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
 
 
+#: Request attribute: the exception ``self.retry()`` raised because the retry would come after ``expires``.
+EXPIRED_RETRY = "celery_dlq_expired_retry"
+
+
 class Redeliver(Retry):
     """Raised in the child: park the original message and deliver it again in ``when`` seconds.
 
@@ -74,9 +78,11 @@ class RedeliveryTask(Task):
             return super().__call__(*args, **kwargs)
         try:
             return self.run(*args, **kwargs)
-        except (Retry, Ignore, Reject):
-            raise  # the task's own say (retry, replace(), reject): never a failed delivery
+        except (Retry, Ignore, Reject, MessageExpired):
+            raise  # the task's own say (retry, replace(), reject, a retry past expiry): never a failed delivery
         except Exception as exc:
+            if exc is getattr(self.request, EXPIRED_RETRY, None):
+                raise  # self.retry(exc=exc) past the message's expiry: the last failure
             delay = self._redelivery_delay(exc)
             if delay is None:
                 raise
@@ -136,10 +142,11 @@ class RedeliveryTask(Task):
         else:
             when = policy.delay_after(delivery)
         if self._expires_before(when):
-            if exc is not None:
-                raise exc
-            raise MessageExpired(f"Can't retry {self.name}[{request.id}]: the next delivery (in {when:.3g}s) "
-                                 f"would come after the message expires ({request.expires})")
+            final = exc if exc is not None else MessageExpired(
+                f"Can't retry {self.name}[{request.id}]: the next delivery (in {when:.3g}s) would come after "
+                f"the message expires ({request.expires})")
+            setattr(request, EXPIRED_RETRY, final)
+            raise final
         failure = H.describe_exception(exc, "") if exc is not None else \
             {"type": "celery.exceptions.Retry", "message": "retry requested by the task", "traceback": ""}
         arguments = None

@@ -211,3 +211,10 @@ def poison_slow_retry(self):
     """Kills its pool process; the next delivery would come 5 s later."""
     record(self)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.retries_later")
+def retries_later(self, countdown=5.0, with_exc=False):
+    """Asks for a retry ``countdown`` seconds later (with an exception of its own when ``with_exc``)."""
+    record(self)
+    raise self.retry(countdown=countdown, exc=TimeoutError("upstream timeout") if with_exc else None)

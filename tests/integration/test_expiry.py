@@ -218,3 +218,19 @@ def test_a_lost_worker_whose_redelivery_would_come_after_expires_is_dead_lettere
     time.sleep(3.5)
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert_store_empty(harness.redis, harness.prefix)
+
+
+@pytest.mark.parametrize("with_exc", [False, True])
+def test_a_retry_asked_for_after_expires_is_dead_lettered_at_once(harness, with_exc):
+    harness.worker()
+    result = harness.send("proj.retries_later", kwargs={"countdown": 5.0, "with_exc": with_exc}, expires=2)
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
+    headers = harness.dead_letters()[0]["headers"]
+    assert headers["id"] == result.id and headers[H.REASON] == "expired"
+    if with_exc:  # the task's own exception, as Celery's retry() raises it when it cannot retry
+        assert (headers[H.EXCEPTION_TYPE], headers[H.EXCEPTION_MESSAGE]) == ("TimeoutError", "upstream timeout")
+    else:
+        assert headers[H.EXCEPTION_TYPE] == "celery_dlq.errors.MessageExpired"
+        assert "would come after the message expires" in headers[H.EXCEPTION_MESSAGE]
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    assert_store_empty(harness.redis, harness.prefix)

@@ -175,3 +175,101 @@ def test_removing_an_entry_removes_its_expiry(store):
     park(store, "gone", "orders", due=T0 + 60, expires=T0 + 30)
     assert store.remove("gone:2")
     assert store.client.hlen(store.keys.expiries) == 0
+
+
+# -- RedeliveryTask.retry: which path --------------------------------------------
+
+@pytest.fixture
+def retry_app(monkeypatch):
+    """An app with one RedeliveryTask; Celery's own ``Task.retry`` records its calls instead of publishing."""
+    from celery.app.task import Task
+
+    from celery_dlq import RedeliveryTask
+
+    app = Celery("retry", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    calls = []
+
+    def celery_retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None,
+                     max_retries=None, **options):
+        calls.append({"args": args, "kwargs": kwargs, "throw": throw, "options": options})
+        return "celery's path"
+
+    monkeypatch.setattr(Task, "retry", celery_retry)
+
+    @app.task(bind=True, base=RedeliveryTask, name="t.retrying", shared=False,
+              redelivery_policy={"redelivery_delay": 1.0})
+    def retrying(self):
+        return None
+
+    return app.tasks["t.retrying"], calls
+
+
+def in_worker(task, expires: str | None = None, **extra):
+    """Push the request a worker's pool process would see for delivery 1 of a message of ``task``."""
+    task.push_request(id="id-1", args=[1], kwargs={"a": 1}, called_directly=False, is_eager=False,
+                      delivery_info={"exchange": "", "routing_key": "q"}, expires=expires, **extra)
+
+
+def test_retry_with_new_arguments_raises_redeliver_carrying_them(retry_app):
+    task, calls = retry_app
+    in_worker(task)
+    try:
+        with pytest.raises(Redeliver) as raised:
+            task.retry(args=(2,), countdown=0.5)
+        assert (raised.value.when, raised.value.arguments) == (0.5, ([2], {"a": 1}))  # kwargs=None: the message's
+        with pytest.raises(Redeliver) as raised:
+            task.retry(kwargs={"b": 2})
+        assert (raised.value.when, raised.value.arguments) == (1.0, ([1], {"b": 2}))
+        with pytest.raises(Redeliver) as raised:
+            task.retry()
+        assert raised.value.arguments is None
+    finally:
+        task.pop_request()
+    assert calls == []
+
+
+@pytest.mark.parametrize("how", [{"throw": False}, {"queue": "elsewhere"}, {"priority": 9}])
+def test_throw_false_and_other_options_keep_celerys_path(retry_app, how):
+    task, calls = retry_app
+    in_worker(task)
+    try:
+        assert task.retry(args=(2,), **how) == "celery's path"
+    finally:
+        task.pop_request()
+    assert calls[0]["args"] == (2,)
+
+
+def test_eager_calls_keep_celerys_path(retry_app):
+    task, calls = retry_app
+    task.push_request(id="id-1", args=[1], kwargs={}, called_directly=False, is_eager=True)
+    try:
+        assert task.retry(args=(2,)) == "celery's path"
+    finally:
+        task.pop_request()
+    assert calls[0]["args"] == (2,)
+
+
+def test_a_retry_past_the_expiry_is_the_last_failure(retry_app):
+    from celery_dlq.errors import MessageExpired
+    from celery_dlq.worker.task import EXPIRED_RETRY
+
+    task, _ = retry_app
+    soon = (datetime.now(timezone.utc) + timedelta(seconds=2)).isoformat()
+    in_worker(task, expires=soon)
+    try:
+        with pytest.raises(Redeliver):
+            task.retry(countdown=1)                      # before the expiry: parked as usual
+        with pytest.raises(MessageExpired, match="would come after the message expires"):
+            task.retry(countdown=5)
+        own = TimeoutError("upstream")
+        with pytest.raises(TimeoutError) as raised:
+            task.retry(countdown=5, exc=own)
+        assert raised.value is own and getattr(task.request, EXPIRED_RETRY) is own
+        assert task._redelivery_delay(ValueError()) == 1.0   # the policy's 1 s still fits
+    finally:
+        task.pop_request()
+    in_worker(task, expires=(datetime.now(timezone.utc) + timedelta(seconds=0.5)).isoformat())
+    try:
+        assert task._redelivery_delay(ValueError()) is None  # 1 s would be too late: the last failure
+    finally:
+        task.pop_request()
