@@ -119,13 +119,35 @@ class RedeliveryRequest(Request):
 
     def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
         ctx = self._dlq_context()
+        envelope, arguments = ctx.envelope, getattr(exc, "arguments", None)
+        if arguments is not None:  # self.retry(args=..., kwargs=...)
+            try:
+                envelope = runtime_of(self.app).with_arguments(envelope, *arguments)
+            except Exception as error:
+                return self._dlq_bad_arguments(error, exc_info, send_failed_event, return_ok)
         try:
-            runtime_of(self.app).redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
+            runtime_of(self.app).redeliver_later(envelope, delivery=ctx.delivery, failure=exc.failure,
                                                  delay=exc.when or 0.0, message=ctx.message,
-                                                 arguments=getattr(exc, "arguments", None))
+                                                 new_body=arguments is not None)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_bad_arguments(self, error, exc_info, send_failed_event, return_ok):
+        """``self.retry(args=..., kwargs=...)`` with arguments the message's serializer cannot encode.
+
+        Celery's own ``retry()`` fails the task then (the publish raises); here the original message
+        goes to the DLQ as ``non_retryable`` with the encoding error, and the task is a FAILURE.
+        """
+        logger.error("celery-dlq: cannot encode the new retry arguments of %s[%s]: %r", self.name, self.id, error)
+        retry = lambda: self._dlq_bad_arguments(error, exc_info, send_failed_event, return_ok)  # noqa: E731
+        if self._dlq_takeover(H.describe_exception(error, ""), Reason.NON_RETRYABLE, lost=False, retry=retry) is None:
+            return None
+        try:
+            self.task.backend.mark_as_failure(self.id, error, request=self._context, call_errbacks=False)
+        except Exception:
+            logger.exception("celery-dlq: could not record FAILURE of %s[%s]", self.name, self.id)
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_final(self, exc, exc_info, send_failed_event, return_ok):

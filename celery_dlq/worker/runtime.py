@@ -21,6 +21,7 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from celery.utils.saferepr import saferepr
+from kombu.compression import compress
 from kombu.serialization import dumps as encode_body, loads as decode_body, prepare_accept_content, registry
 from kombu.utils import json
 from kombu.utils.uuid import uuid
@@ -207,20 +208,18 @@ class Runtime:
         return QueueLists.of(self.app.conf.broker_transport_options)
 
     def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float,
-                        message: Any = None, arguments: tuple[list, dict] | None = None) -> float:
+                        message: Any = None, new_body: bool = False) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
         ``message`` is the consumed kombu message: on a Redis broker that is
         also the store, what is parked is the element kombu will pop (its
         body as kombu encoded it, the next delivery's headers), moved back
-        inside Redis. ``arguments`` (``(args, kwargs)``, from ``self.retry(args=...,
-        kwargs=...)``) replace the task's arguments in the parked copy. The
-        message's expiry (Celery's ``expires``) is stored with it, for the
+        inside Redis. ``new_body``: ``envelope`` carries another body than the
+        consumed message (:meth:`with_arguments`), which the parked copy takes.
+        The message's expiry (Celery's ``expires``) is stored with it, for the
         mover. Returns the due time. Raises on any Redis error, before which
         nothing was acknowledged.
         """
-        if arguments is not None:
-            envelope = self.with_arguments(envelope, *arguments)
         now = time.time()
         due = now + max(0.0, float(delay))
         nxt = delivery + 1
@@ -231,7 +230,7 @@ class Runtime:
         event, max_length = self.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
         raw = getattr(message, "_raw", None) if message is not None and self.direct else None
         if isinstance(raw, dict):
-            if arguments is not None:
+            if new_body:
                 raw = with_body(raw, envelope.body, envelope.content_type, envelope.content_encoding)
             element = redelivery_element(raw, headers, tag=uuid(), source_tag=envelope.delivery_tag)
             dest = self.lists.key(envelope.queue, element["properties"].get("priority"))
@@ -260,20 +259,26 @@ class Runtime:
         The original body is decoded only as the app's ``accept_content``
         allows (the worker accepted it to run it); the new one is encoded
         with the same serializer, so callbacks, errbacks and chains in it are
-        kept. Celery's ``argsrepr``/``kwargsrepr`` headers follow.
+        kept. A compressed message (kombu's ``compression`` header; the
+        consumed body is the decompressed one) is compressed again. Celery's
+        ``argsrepr``/``kwargsrepr`` headers follow. Raises if the body cannot
+        be decoded or the arguments encoded.
         """
         accept = prepare_accept_content(self.app.conf.accept_content)
         decoded = decode_body(envelope.body, envelope.content_type, envelope.content_encoding, accept=accept)
         serializer = registry.type_to_name[envelope.content_type]
         content_type, content_encoding, body = encode_body(with_task_arguments(decoded, args, kwargs),
                                                            serializer=serializer)
+        body = body if isinstance(body, bytes) else body.encode(content_encoding)
         headers = dict(envelope.headers)
+        if headers.get("compression"):
+            body, _ = compress(body, headers["compression"])
         if "argsrepr" in headers:
             headers["argsrepr"] = saferepr(args)
         if "kwargsrepr" in headers:
             headers["kwargsrepr"] = saferepr(kwargs)
-        return replace(envelope, body=body if isinstance(body, bytes) else body.encode(content_encoding),
-                       content_type=content_type, content_encoding=content_encoding, headers=headers)
+        return replace(envelope, body=body, content_type=content_type, content_encoding=content_encoding,
+                       headers=headers)
 
     def _park_once(self, payload: bytes, envelope: Envelope, nxt: int, due: float,
                    event: Any, max_length: int, ack: Any = None, expires: float | None = None) -> bool:

@@ -218,3 +218,10 @@ def retries_later(self, countdown=5.0, with_exc=False):
     """Asks for a retry ``countdown`` seconds later (with an exception of its own when ``with_exc``)."""
     record(self)
     raise self.retry(countdown=countdown, exc=TimeoutError("upstream timeout") if with_exc else None)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.retry_unencodable_args")
+def retry_unencodable_args(self):
+    """Retries with an argument JSON cannot encode (Celery's own retry() would fail to publish it)."""
+    record(self)
+    raise self.retry(args=(object(),), countdown=0.1)

@@ -234,3 +234,19 @@ def test_a_retry_asked_for_after_expires_is_dead_lettered_at_once(harness, with_
         assert "would come after the message expires" in headers[H.EXCEPTION_MESSAGE]
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert_store_empty(harness.redis, harness.prefix)
+
+
+def test_retry_arguments_the_serializer_cannot_encode_dead_letter_the_original(harness):
+    with_results(harness)
+    worker = harness.worker()
+    result = harness.send("proj.retry_unencodable_args")
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, message="a dead letter")
+    headers = harness.dead_letters()[0]["headers"]
+    assert headers["id"] == result.id and headers[H.REASON] == "non_retryable"
+    assert headers[H.EXCEPTION_TYPE] == "kombu.exceptions.EncodeError"
+    assert json.loads(base64.b64decode(harness.dead_letters()[0]["body"]))[0] == []  # the original arguments
+    harness.wait_until(lambda: result.state == "FAILURE", message="FAILURE recorded")
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    assert "cannot encode the new retry arguments" in worker.log()
+    assert_store_empty(harness.redis, harness.prefix)
+    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")

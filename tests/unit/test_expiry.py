@@ -273,3 +273,14 @@ def test_a_retry_past_the_expiry_is_the_last_failure(retry_app):
         assert task._redelivery_delay(ValueError()) is None  # 1 s would be too late: the last failure
     finally:
         task.pop_request()
+
+
+def test_with_arguments_compresses_again_a_compressed_message():
+    from kombu.compression import decompress
+
+    original = envelope(json.dumps([[1], {}, {}]).encode())  # kombu hands over the decompressed body
+    original = Envelope(original.body, original.content_type, original.content_encoding,
+                        {**original.headers, "compression": "application/x-gzip"}, {}, "", "q", "q")
+    out = Runtime(Celery(set_as_current=False)).with_arguments(original, [2], {})
+    assert out.headers["compression"] == "application/x-gzip"
+    assert json.loads(decompress(out.body, "application/x-gzip")) == [[2], {}, {}]

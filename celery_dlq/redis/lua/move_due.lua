@@ -41,12 +41,13 @@ for i = 9, #KEYS do
 end
 
 local moved, left, per_queue, per_task = 0, 0, {}, {}
+local any_expiry = redis.call('HLEN', KEYS[8]) > 0   -- none parked with `expires`: no lookups at all
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(due) do
     local payload = redis.call('HGET', KEYS[3], id)
     local parts = direct_parts(payload)
     local list = parts and lists[parts.dest]
-    local expiry = list and redis.call('HGET', KEYS[8], id)
+    local expiry = list and any_expiry and redis.call('HGET', KEYS[8], id)
     if expiry and tonumber(expiry) <= tonumber(now) then
         list = nil   -- expired while parked: left for the claim, which dead-letters it
     end
