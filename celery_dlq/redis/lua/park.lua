@@ -47,7 +47,7 @@ if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue i
     redis.call('HSET', KEYS[4], id, ARGV[3])
 end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
-if ARGV[8] ~= '' then
+if ARGV[8] and ARGV[8] ~= '' then
     redis.call('HSET', KEYS[9], id, ARGV[8])
 end
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
