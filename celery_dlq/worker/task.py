@@ -47,7 +47,6 @@ class Redeliver(Retry):
         return self.__class__, (self.message or str(self), None, self.when, self.failure, self.arguments)
 
 
-
 class RedeliveryTask(Task):
     """Base class for tasks with a redelivery policy and a dead-letter queue.
 
