@@ -100,6 +100,28 @@ class RedeliveryRequest(Request):
             return self._dlq_finish_parked(exc, None)
         return super().on_timeout(soft, timeout)
 
+    def _announce_revoked(self, reason, terminated, signum, expired):
+        """Celery discards a message whose ``expires`` passed; one that failed before is dead-lettered first.
+
+        A copy the mover moved back in time can still expire in the queue or
+        the prefetch buffer before it runs (Celery checks on receipt and
+        before execution). A first delivery is left to Celery: its ``expires``
+        means "not after this", and nothing has failed yet. If the dead
+        letter cannot be stored, the message is neither run nor acknowledged,
+        and the write is tried again.
+        """
+        if expired and not self.acknowledged and self._dlq_context().delivery > 1:
+            ctx = self._dlq_context()
+            try:
+                runtime_of(self.app).dead_letter(
+                    ctx.envelope, delivery=ctx.delivery - 1, policy=ctx.policy, reason=Reason.EXPIRED,
+                    failure=H.last_failure(ctx.envelope.headers), worker=self.hostname)
+            except Exception:
+                self._already_revoked = True  # never run it meanwhile
+                return self._dlq_write_failed(
+                    "dead-letter", lambda: self._announce_revoked(reason, terminated, signum, expired))
+        return super()._announce_revoked(reason, terminated, signum, expired)
+
     def acknowledge(self):
         """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
         was_acknowledged = self.acknowledged

@@ -250,3 +250,34 @@ def test_retry_arguments_the_serializer_cannot_encode_dead_letter_the_original(h
     assert "cannot encode the new retry arguments" in worker.log()
     assert_store_empty(harness.redis, harness.prefix)
     harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+
+
+def test_a_redelivered_copy_that_expires_waiting_for_a_pool_process_is_dead_lettered(harness):
+    """Moved back in time, but the only pool process is busy until after the expiry: Celery would
+    discard the copy before running it (REVOKED); it is dead-lettered instead."""
+    with_results(harness)
+    harness.worker(concurrency=1)
+    result = harness.send("proj.fails_retry_3s", expires=5)           # fails at once, parked for 3 s
+    harness.wait_until(lambda: len(harness.deliveries(result.id)) == 1, message="the first delivery")
+    blocker = harness.send("proj.sleeps", kwargs={"seconds": 7.0})   # holds the pool past the expiry
+    harness.wait_until(lambda: len(harness.deliveries(blocker.id)) == 1, message="the blocker running")
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
+    headers = harness.dead_letters()[0]["headers"]
+    assert headers["id"] == result.id and headers[H.REASON] == "expired"
+    assert headers[H.DELIVERY_COUNT] == 1 and headers[H.EXCEPTION_MESSAGE] == "come back in 3 s"
+    harness.wait_until(lambda: result.state == "REVOKED", message="REVOKED recorded, as Celery does")
+    assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
+    counted = stats(harness.redis, harness.prefix)
+    assert counted.get("redelivered") == 1 and counted.get("expired") == 1
+    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+
+
+def test_a_first_delivery_that_expires_in_the_queue_is_left_to_celery(harness):
+    """Nothing failed yet: Celery's own expires (REVOKED, discarded) applies, no dead letter."""
+    with_results(harness)
+    harness.worker(concurrency=1)
+    blocker = harness.send("proj.sleeps", kwargs={"seconds": 3.0})
+    harness.wait_until(lambda: len(harness.deliveries(blocker.id)) == 1, message="the blocker running")
+    result = harness.send("proj.noop", expires=1)
+    harness.wait_until(lambda: result.state == "REVOKED", timeout=20, message="REVOKED by Celery")
+    assert harness.deliveries(result.id) == [] and harness.dead_letters() == []
