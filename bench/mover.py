@@ -9,7 +9,9 @@ their queue, in interleaved rounds (3; 1 with --quick), medians reported:
   ``move_due.lua`` call per batch LPUSHes the elements, deletes their
   bookkeeping, counts them and appends their ``redelivered`` events; with 1
   mover, and with 3 movers (3 threads, each with its own runtime and
-  connection, as 3 workers would) sharing the store;
+  connection, as 3 workers would) sharing the store; for information, with
+  the archive off, and with every message sent with Celery's ``expires``
+  (its expiry stored beside the entry, looked up and deleted by the move);
 - raw: a Lua script written here that moves a batch of the same size from
   the sorted set + hash straight onto the queue list in one call (no
   bookkeeping, no events, no counting): the most this Redis can do per round
@@ -74,21 +76,27 @@ def sample_payload(app, client) -> bytes:
     return DirectPayload(QUEUE, QUEUE, "bench.noop", json.dumps(element).encode()).dumps()
 
 
-def park_all(dlq, n: int, payload: bytes) -> None:
-    """Park n entries due one second ago, in pipelines of the library's own park script."""
+def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
+    """Park n entries due one second ago, in pipelines of the library's own park script.
+
+    ``expires``: each entry has an expiry a day away (a message sent with Celery's ``expires``), so the
+    move looks it up and deletes it with the entry.
+    """
     from celery_dlq.redis.store import to_ms
 
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries]
     due = to_ms(time.time() - 1)
+    expiry = to_ms(time.time() + 86400) if expires else ""
     for start in range(0, n, PARK_CHUNK):
         pipe = dlq.client.pipeline(transaction=False)
         for i in range(start, min(n, start + PARK_CHUNK)):
-            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, ""], client=pipe)
+            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, "", "", expiry], client=pipe)
         pipe.execute()
 
 
-def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = True) -> float:
+def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = True,
+                expires: bool = False) -> float:
     import redis
 
     from celery_dlq.worker.mover import MoverThread
@@ -100,7 +108,7 @@ def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = T
     assert all(runtime.direct for runtime in runtimes)
     client = redis.Redis.from_url(url)
     client.flushdb()
-    park_all(runtimes[0], n, payload)
+    park_all(runtimes[0], n, payload, expires)
     threads = [MoverThread(app, runtime) for app, runtime in zip(apps, runtimes)]
     for runtime in runtimes:
         runtime.store.count()   # connect before the clock starts
@@ -119,7 +127,7 @@ def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = T
         worker.join()
     seconds = time.perf_counter() - t0
     assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
-    assert runtimes[0].store.count() == 0
+    assert runtimes[0].store.count() == 0 and client.hlen(runtimes[0].keys.expiries) == 0
     assert int(client.hget(runtimes[0].keys.stats, "redelivered")) == n
     client.flushdb()
     for app in apps:
@@ -156,7 +164,7 @@ def main() -> None:
     args = parser(__doc__).parse_args()
     n, rounds = (20000, 1) if args.quick else (100000, 3)
     server = RedisServer().start()
-    times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": []}
+    times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": [], "lib1_expires": []}
     try:
         import redis
         from celery import Celery
@@ -169,7 +177,8 @@ def main() -> None:
         for r in range(rounds):
             for side in times:
                 seconds = run_raw(server.url, n, payload) if side == "raw" else \
-                    run_library(server.url, n, payload, movers=int(side[3]), archive=side != "lib1_noarchive")
+                    run_library(server.url, n, payload, movers=int(side[3]), archive=side != "lib1_noarchive",
+                                expires=side == "lib1_expires")
                 times[side].append(seconds)
                 print(f"  round {r + 1}: {side:<14} {seconds:7.2f} s  {n / seconds:9.0f} msg/s", flush=True)
         client.close()
@@ -179,7 +188,8 @@ def main() -> None:
     rows = [["raw Lua move (benchmark's own)", f"{raw:.2f}", f"{n / raw:.0f}", "100%"]]
     shares = {}
     for side, label in (("lib1", "celery-dlq mover, 1 worker"), ("lib3", "celery-dlq movers, 3 workers"),
-                        ("lib1_noarchive", "celery-dlq mover, 1 worker, archive off (information)")):
+                        ("lib1_noarchive", "celery-dlq mover, 1 worker, archive off (information)"),
+                        ("lib1_expires", "celery-dlq mover, 1 worker, every message with expires (information)")):
         t = median(times[side])
         shares[side] = raw / t * 100
         rows.append([label, f"{t:.2f}", f"{n / t:.0f}", f"{shares[side]:.0f}%"])

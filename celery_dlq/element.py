@@ -103,6 +103,14 @@ def redelivery_element(raw: Mapping[str, Any], headers: Mapping[str, Any], *, ta
     return element
 
 
+def with_body(raw: Mapping[str, Any], body: bytes, content_type: str | None,
+              content_encoding: str | None) -> dict:
+    """A consumed element (``message._raw``) with another body, base64-encoded as kombu stores binary bodies."""
+    properties = {**(raw.get("properties") or {}), "body_encoding": "base64"}
+    return {**raw, "body": base64.b64encode(body).decode("ascii"), "content-type": content_type,
+            "content-encoding": content_encoding, "properties": properties}
+
+
 def raw_dead_letter(raw: bytes, *, queue: str, dlq: str, error: str, worker: str, now: float,
                     tag: str) -> bytes:
     """A raw list element that is not a task message, as a dead letter of ``dlq`` (kombu's JSON).

@@ -41,5 +41,13 @@ class ExportError(DLQError):
     """An export destination holds something else, or its checkpoint is unreadable."""
 
 
+class MessageExpired(DLQError):
+    """Raised by ``self.retry()`` when the next delivery would come after the message's ``expires``.
+
+    The worker then dead-letters the message with reason ``expired`` (or
+    drops it: policy field ``expired``) instead of parking it.
+    """
+
+
 class InvalidMessage(DLQError):
     """A queue held something that cannot become a task message (the transport dead-letters it raw)."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import time
 import traceback as traceback_module
+from datetime import datetime
 from typing import Any, Mapping
+
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 
 PREFIX = "x-dlq-"
 DELIVERY_COUNT = "x-dlq-delivery-count"          # this delivery's number, 1-based
@@ -43,8 +46,9 @@ class Reason:
     TIME_LIMIT = "time_limit"
     UNKNOWN_TASK = "unknown_task"
     INVALID_MESSAGE = "invalid_message"
+    EXPIRED = "expired"  # Celery's ``expires`` passed, or would pass before the next delivery
 
-    ALL = (MAX_DELIVERY_ATTEMPTS, NON_RETRYABLE, WORKER_LOST, TIME_LIMIT, UNKNOWN_TASK, INVALID_MESSAGE)
+    ALL = (MAX_DELIVERY_ATTEMPTS, NON_RETRYABLE, WORKER_LOST, TIME_LIMIT, UNKNOWN_TASK, INVALID_MESSAGE, EXPIRED)
 
 
 def truncate(text: str | None, limit: int = MAX_TEXT) -> str:
@@ -79,6 +83,37 @@ def summary(failure: Mapping[str, str]) -> str:
     """``"Type: message"`` for ``x-dlq-last-exception``."""
     text = f"{failure.get('type', '')}: {failure.get('message', '')}" if failure.get("type") else failure.get("message", "")
     return truncate(text, MAX_SUMMARY)
+
+
+def expires_at(headers: Mapping[str, Any] | None) -> float | None:
+    """When a message expires (unix seconds), from Celery's ``expires`` header; None when it never does.
+
+    Read as Celery's worker reads it (ISO 8601; a naive time is UTC). A value
+    Celery could not read either is treated as no expiry: Celery rejects that
+    message as invalid before it runs.
+    """
+    value = headers.get("expires") if headers else None
+    if not value or not isinstance(value, (str, datetime)):
+        return None
+    try:
+        return maybe_make_aware(maybe_iso8601(value)).timestamp()
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def expires_before(headers: Mapping[str, Any] | None, due: float) -> bool:
+    """Whether a message would have expired by ``due`` (unix seconds): a delivery then would be discarded."""
+    expiry = expires_at(headers)
+    return expiry is not None and due > expiry
+
+
+def last_failure(headers: Mapping[str, Any]) -> dict[str, str]:
+    """The failure a parked copy carries in ``x-dlq-last-exception`` (``"Type: message"``), as a failure mapping."""
+    text = str(headers.get(LAST_EXCEPTION) or "")
+    kind, sep, message = text.partition(": ")
+    if not sep or " " in kind:
+        return {"type": "", "message": text, "traceback": ""}
+    return {"type": kind, "message": message, "traceback": ""}
 
 
 def delivery_count_of(headers: Mapping[str, Any] | None) -> int:

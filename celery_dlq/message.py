@@ -208,6 +208,19 @@ def task_arguments(body: Any) -> tuple[list, dict] | None:
     return list(args or ()), dict(kwargs or {})
 
 
+def with_task_arguments(body: Any, args: list | tuple, kwargs: Mapping[str, Any]) -> Any:
+    """A decoded Celery task body with new ``args`` and ``kwargs``, everything else (``embed``) kept.
+
+    Protocol 2 bodies are ``[args, kwargs, embed]``, protocol 1 bodies a dict
+    with ``args`` and ``kwargs``. Raises ValueError for anything else.
+    """
+    if isinstance(body, (list, tuple)) and len(body) >= 2:
+        return [list(args), dict(kwargs), *body[2:]]
+    if isinstance(body, dict) and "args" in body:
+        return {**body, "args": list(args), "kwargs": dict(kwargs)}
+    raise ValueError(f"not a Celery task body: a {type(body).__name__}")
+
+
 #: JSON bodies larger than this are hashed as raw bytes (bounds the cost).
 MAX_PARSED_BODY = 1024 * 1024
 JSON_TYPES = ("application/json",)

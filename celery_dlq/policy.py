@@ -23,6 +23,8 @@ from kombu.utils.imports import symbol_by_name
 from celery_dlq.errors import ConfigurationError
 
 UNLIMITED = -1
+#: ``expired``: what becomes of a message whose ``expires`` passes before its next delivery.
+EXPIRED_DEAD_LETTER, EXPIRED_DROP = "dead_letter", "drop"
 
 _default_rng = random.Random()
 
@@ -82,6 +84,12 @@ def _dead_letter(name: str, value: Any) -> bool | str:
     if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
         return value
     raise _fail(name, value, "True (per-queue DLQ), False (drop) or a queue name")
+
+
+def _expired(name: str, value: Any) -> str:
+    if value not in (EXPIRED_DEAD_LETTER, EXPIRED_DROP):
+        raise _fail(name, value, f"{EXPIRED_DEAD_LETTER!r} or {EXPIRED_DROP!r}")
+    return value
 
 
 def _string(name: str, value: Any) -> str:
@@ -147,6 +155,7 @@ class RedeliveryPolicy:
     persist_delivery_count_before_delivery: bool = True
     dead_letter_ttl: float | None = None
     dead_letter_max_length: int | None = None
+    expired: str = EXPIRED_DEAD_LETTER  # "drop": an expired message is counted and logged, not kept
     explicit_fields: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,6 +200,10 @@ class RedeliveryPolicy:
             return self.dead_letter
         return f"{self.dead_letter_queue_prefix}{queue}{self.dead_letter_queue_suffix}"
 
+    def expired_queue(self, queue: str) -> str | None:
+        """The queue an expired message from ``queue`` goes to; None when it is dropped."""
+        return None if self.expired == EXPIRED_DROP else self.dead_letter_queue(queue)
+
     def as_fields(self) -> dict[str, Any]:
         """The explicit fields only, as a mapping (for merging)."""
         return {name: getattr(self, name) for name in self.explicit_fields}
@@ -210,6 +223,7 @@ VALIDATORS = {
     "persist_delivery_count_before_delivery": _flag,
     "dead_letter_ttl": _optional_seconds,
     "dead_letter_max_length": _optional_length,
+    "expired": _expired,
 }
 FIELD_NAMES = frozenset(VALIDATORS)
 assert FIELD_NAMES == {f.name for f in fields(RedeliveryPolicy) if f.init}

@@ -33,6 +33,7 @@ class Stat:
     REDELIVERED = "redelivered"                        # the mover's ack
     DEAD_LETTERED = "dead_lettered"
     DROPPED = "dropped"
+    EXPIRED = "expired"                                # dead-lettered or dropped because Celery's expires passed
     DUPLICATES = "dead_letter_duplicates_suppressed"
     TRIMMED = "dead_letters_trimmed"                   # retention
     REPLAYED = "replayed"                              # operator tools
@@ -81,6 +82,11 @@ class Keys:
     def queues(self) -> str:
         """HASH entry_id -> name of the queue the message goes back to."""
         return self.base + ":queues"
+
+    @property
+    def expiries(self) -> str:
+        """HASH entry_id -> when the parked message expires (ms); only entries whose message has ``expires``."""
+        return self.base + ":expiries"
 
     @property
     def parked(self) -> str:

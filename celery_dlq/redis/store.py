@@ -144,7 +144,8 @@ class DelayedStore:
 
     def park(self, entry_id: str, payload: bytes, queue: str, due: float,
              event: Mapping[str, str] | None = None, events_max_length: int = 0,
-             ack: tuple[Sequence[str], str] | None = None, task: str | None = None) -> bool:
+             ack: tuple[Sequence[str], str] | None = None, task: str | None = None,
+             expires: float | None = None) -> bool:
         """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
@@ -157,15 +158,19 @@ class DelayedStore:
         kombu's ``unacked`` hash, its index and the consumer's ``fetched``
         set, from which the consumed message is removed in the same script.
         ``parked_total{queue, task}`` of the exporter's counters is raised too.
+        ``expires`` (unix seconds) is when the message expires (Celery's
+        ``expires``): once it has passed, the mover dead-letters the entry
+        instead of moving it (``lua/move_due.lua``).
         """
         ack_keys, tag = ack if ack is not None else ((), "")
         counted = metrics.field(Metric.PARKED, queue=queue, task=task or "")
         args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag,
-                           counted]
+                           counted, "" if expires is None else to_ms(expires)]
         for name, value in (event or {}).items():
             args += [name, value]
         result = int(self._scripts.run(
-            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics, *ack_keys),
+            "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics,
+                     self.keys.expiries, *ack_keys),
             args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
@@ -181,12 +186,13 @@ class DelayedStore:
         its bookkeeping, its ``redelivered`` event and ``counter`` in the
         stats hash happen in one script: no lease, no Python decode, no
         kombu publish. Returns ``(moved, left)``: ``left`` due entries are in
-        the publish format (or name another list) and need :meth:`claim_due`.
+        the publish format, name another list or expired (the message's
+        ``expires`` passed while parked), and need :meth:`claim_due`.
         """
         k = self.keys
         now_s = self.clock() if now is None else now
         reply = self._scripts.run(
-            "move_due", [*k.store_keys(), k.stats, k.events, *lists],
+            "move_due", [*k.store_keys(), k.stats, k.events, k.expiries, *lists],
             [to_ms(now_s), int(limit), int(events_max_length), int(now_s * 1_000_000), counter])
         moved, left = int(reply[0]), int(reply[1])
         if moved:   # redelivered_total per (queue, task): the script returns the counts, fields are built here
@@ -211,7 +217,7 @@ class DelayedStore:
             raise ValueError(f"lease must be at least 1 ms, got {lease!r}")
         now_ms = self._now_ms(now)
         lease_until_ms = now_ms + lease_ms
-        flat = self._scripts.run("claim_due", self.keys.store_keys(),
+        flat = self._scripts.run("claim_due", [*self.keys.store_keys(), self.keys.expiries],
                                  [now_ms, lease_until_ms, int(limit)])
         return [Claimed(_text(flat[i]), flat[i + 1], _text(flat[i + 2]), lease_until_ms)
                 for i in range(0, len(flat), 3)]
@@ -237,7 +243,7 @@ class DelayedStore:
         args: list[Any] = [counter, int(published)]
         for entry in claimed:
             args += [entry.entry_id, entry.lease_until_ms]
-        return int(self._scripts.run("ack", [k.leases, k.payloads, k.queues, k.parked, k.stats], args))
+        return int(self._scripts.run("ack", [k.leases, k.payloads, k.queues, k.parked, k.stats, k.expiries], args))
 
     def release(self, claimed: Claimed, due: float | None = None) -> bool:
         """Park a claimed entry again at ``due`` (default now), if the lease is ours.
@@ -257,7 +263,7 @@ class DelayedStore:
         A leased entry's message may already be on its way back to its queue;
         removing it only makes that mover's ack return False.
         """
-        return bool(self._scripts.run("remove", self.keys.store_keys(), [entry_id]))
+        return bool(self._scripts.run("remove", [*self.keys.store_keys(), self.keys.expiries], [entry_id]))
 
     def redeliver_now(self, entry_id: str | None = None, now: float | None = None) -> int:
         """Make parked entries due now, so the next claim moves them.

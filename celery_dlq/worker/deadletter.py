@@ -61,14 +61,17 @@ class DeadLetterer:
         Returns the DLQ name, or None when dropped. Raises if Redis or the
         broker fails, so that the caller leaves the original unacknowledged.
         """
-        dlq = policy.dead_letter_queue(envelope.queue)
+        expired = reason == H.Reason.EXPIRED
+        dlq = policy.expired_queue(envelope.queue) if expired else policy.dead_letter_queue(envelope.queue)
         task_id = envelope.task_id or "unknown"
         if dlq is None:
-            logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): "
-                           "dead_letter=False", envelope.task_name, task_id, envelope.queue,
-                           delivery, reason, H.summary(failure))
+            logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): %s",
+                           envelope.task_name, task_id, envelope.queue, delivery, reason, H.summary(failure),
+                           "expired='drop'" if expired and policy.dead_letter is not False else "dead_letter=False")
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(self.keys.stats, Stat.DROPPED, 1)
+            if expired:
+                pipe.hincrby(self.keys.stats, Stat.EXPIRED, 1)
             metrics.incr(pipe, self.keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
             pipe.execute()
             self.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
@@ -88,6 +91,8 @@ class DeadLetterer:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
         pipe.hincrby(self.keys.stats, Stat.DEAD_LETTERED, 1)
+        if expired:
+            pipe.hincrby(self.keys.stats, Stat.EXPIRED, 1)
         metrics.incr(pipe, self.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
                      reason=reason)
         pipe.execute()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from dataclasses import replace
 import logging
 import threading
 import time
@@ -19,6 +20,8 @@ from typing import Any
 from celery import bootsteps
 from kombu.utils.url import maybe_sanitize_url
 
+from celery_dlq import headers as H
+from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Stat
@@ -34,10 +37,12 @@ MAX_BACKOFF = 5.0
 class MoverThread(threading.Thread):
     """Claims due entries in batches and publishes them until stopped."""
 
-    def __init__(self, app: Any, runtime: Runtime) -> None:
+    def __init__(self, app: Any, runtime: Runtime, hostname: str = "") -> None:
         super().__init__(name="celery-dlq-mover", daemon=True)
         self.app = app
         self.runtime = runtime
+        #: The worker's name, written into the dead letters of messages that expired while parked.
+        self.hostname = hostname
         settings = runtime.settings
         self.interval = settings.mover_interval
         self.batch_size = settings.mover_batch_size
@@ -104,7 +109,25 @@ class MoverThread(threading.Thread):
         return moved
 
     def _publish(self, claimed: list) -> int:
-        """Publish the claimed entries, then ack the batch in one call; on a failure give them back and raise.
+        """Publish the claimed entries and dead-letter the expired ones; returns how many were handled.
+
+        An entry whose message expired while parked (Celery's ``expires``
+        passed) is dead-lettered with reason ``expired`` (or dropped: policy
+        field ``expired``) instead of published: Celery would discard it.
+        """
+        now = time.time()
+        pairs = [(entry, _envelope_of(entry.payload)) for entry in claimed]
+        due = [pair for pair in pairs if not H.expires_before(pair[1].headers, now)]
+        expired = [pair for pair in pairs if H.expires_before(pair[1].headers, now)]
+        try:
+            published = self._publish_due(due) if due else 0
+        except Exception:
+            self._release([entry for entry, _ in expired])
+            raise
+        return published + (self._dead_letter_expired(expired) if expired else 0)
+
+    def _publish_due(self, due: list) -> int:
+        """Publish the entries, then ack the batch in one call; on a failure give them back and raise.
 
         Where kombu offers publish batches (``Producer.batch``, kombu >= 5.7;
         on Redis one pipeline per batch instead of a round trip per message)
@@ -120,23 +143,69 @@ class MoverThread(threading.Thread):
         published: list[Envelope] = []
         try:
             with self.app.producer_or_acquire() as producer:
-                sent: list[Envelope] = []
-                with _batch(producer, len(claimed)):
-                    for entry in claimed:
-                        sent.append(self._publish_one(producer, entry.payload))
-                published = sent
+                with _batch(producer, len(due)):
+                    for entry, envelope in due:
+                        self._publish_one(producer, entry.payload, envelope)
+                published = [envelope for _, envelope in due]
         except Exception:
-            retry_at = time.time() + max(1.0, self.interval)
-            for entry in claimed[len(published):]:
-                store.release(entry, due=retry_at)
+            self._release([entry for entry, _ in due])
             raise
         finally:
             if published:
-                store.ack_many(claimed[:len(published)], Stat.REDELIVERED, len(published))
+                store.ack_many([entry for entry, _ in due], Stat.REDELIVERED, len(published))
                 self._count(published)
                 self.runtime.archive.redelivered(published)
         return len(published)
 
+    def _dead_letter_expired(self, expired: list) -> int:
+        """Dead-letter (or drop) entries whose message expired while parked, then ack them; on a failure
+        give the rest back and raise.
+
+        The dead letter says delivery ``n`` (the last that ran) and carries
+        the failure of that delivery; its audit marker is keyed by the entry,
+        so a mover that dies between the dead letter and the ack does not
+        dead-letter it twice. The result backend gets what Celery records for
+        a message it discards as expired (:meth:`_record_revoked`).
+        """
+        runtime, done = self.runtime, []
+        try:
+            for entry, envelope in expired:
+                headers = envelope.headers
+                runtime.dead_letter(replace(envelope, delivery_tag=entry.entry_id),
+                                    delivery=max(1, H.delivery_count_of(headers) - 1),
+                                    policy=runtime.policy(envelope.task_name or "", envelope.queue),
+                                    reason=Reason.EXPIRED, failure=H.last_failure(headers), worker=self.hostname)
+                done.append(entry)
+                self._record_revoked(envelope)
+        except Exception:
+            self._release([entry for entry, _ in expired[len(done):]])
+            raise
+        finally:
+            if done:
+                runtime.store.ack_many(done)
+        return len(done)
+
+    def _record_revoked(self, envelope: Envelope) -> None:
+        """REVOKED with reason ``expired``, as Celery's worker records a message it discards as expired.
+
+        Honours ``ignore_result`` as Celery does; a backend error is logged, never raised (the dead
+        letter is what keeps the message).
+        """
+        task = self.app.tasks.get(envelope.task_name or "")
+        ignored = envelope.headers.get("ignore_result", getattr(task, "ignore_result", False))
+        if not envelope.task_id or (ignored and not getattr(task, "store_errors_even_if_ignored", False)):
+            return
+        try:
+            backend = task.backend if task is not None else self.app.backend
+            backend.mark_as_revoked(envelope.task_id, "expired")
+        except Exception:
+            logger.exception("celery-dlq mover: could not record %s[%s] as revoked (expired) in the result backend",
+                             envelope.task_name, envelope.task_id)
+
+    def _release(self, entries: list) -> None:
+        retry_at = time.time() + max(1.0, self.interval)
+        for entry in entries:
+            self.runtime.store.release(entry, due=retry_at)
 
     def _count(self, published: list[Envelope]) -> None:
         """``redelivered_total`` per queue and task for what the publish path moved (never raises)."""
@@ -149,15 +218,21 @@ class MoverThread(threading.Thread):
         except Exception:
             logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))
 
-    def _publish_one(self, producer: Any, payload: bytes) -> Envelope:
+    def _publish_one(self, producer: Any, payload: bytes, envelope: Envelope) -> None:
         """Publish one parked payload; a direct-format one goes onto its list as it is (on the broker's Redis)."""
         direct = DirectPayload.loads(payload)
         if direct is None:
-            envelope = Envelope.loads(payload)
             envelope.publish(producer)
-            return envelope
-        self.runtime.broker.lpush(direct.dest, direct.element)
-        return decode_raw(direct.element).as_envelope()
+        else:
+            self.runtime.broker.lpush(direct.dest, direct.element)
+
+
+def _envelope_of(payload: bytes) -> Envelope:
+    """A parked payload (either format) as the message it holds."""
+    direct = DirectPayload.loads(payload)
+    if direct is None:
+        return Envelope.loads(payload)
+    return replace(decode_raw(direct.element).as_envelope(), queue=direct.queue)
 
 
 def _batch(producer: Any, size: int) -> Any:
@@ -192,7 +267,7 @@ class Mover(bootsteps.StartStopStep):
         super().__init__(c, **kwargs)
 
     def start(self, c: Any) -> None:
-        self.thread = MoverThread(c.app, self.runtime)
+        self.thread = MoverThread(c.app, self.runtime, getattr(c, "hostname", "") or "")
         self.thread.start()
         logger.info("celery-dlq mover: moving due messages every %.2fs from redis %s",
                     self.runtime.settings.mover_interval, maybe_sanitize_url(self.runtime.settings.redis_url))

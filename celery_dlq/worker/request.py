@@ -10,6 +10,7 @@ our own write failed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from billiard.exceptions import WorkerLostError
@@ -20,6 +21,7 @@ from celery.worker.state import task_ready
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
+from celery_dlq.errors import MessageExpired
 from celery_dlq.headers import Reason
 from celery_dlq.message import was_redelivered
 from celery_dlq.worker.runtime import MessageContext, runtime_of
@@ -98,6 +100,28 @@ class RedeliveryRequest(Request):
             return self._dlq_finish_parked(exc, None)
         return super().on_timeout(soft, timeout)
 
+    def _announce_revoked(self, reason, terminated, signum, expired):
+        """Celery discards a message whose ``expires`` passed; one that failed before is dead-lettered first.
+
+        A copy the mover moved back in time can still expire in the queue or
+        the prefetch buffer before it runs (Celery checks on receipt and
+        before execution). A first delivery is left to Celery: its ``expires``
+        means "not after this", and nothing has failed yet. If the dead
+        letter cannot be stored, the message is neither run nor acknowledged,
+        and the write is tried again.
+        """
+        if expired and not self.acknowledged and self._dlq_context().delivery > 1:
+            ctx = self._dlq_context()
+            try:
+                runtime_of(self.app).dead_letter(
+                    ctx.envelope, delivery=ctx.delivery - 1, policy=ctx.policy, reason=Reason.EXPIRED,
+                    failure=H.last_failure(ctx.envelope.headers), worker=self.hostname)
+            except Exception:
+                self._already_revoked = True  # never run it meanwhile
+                return self._dlq_write_failed(
+                    "dead-letter", lambda: self._announce_revoked(reason, terminated, signum, expired))
+        return super()._announce_revoked(reason, terminated, signum, expired)
+
     def acknowledge(self):
         """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
         was_acknowledged = self.acknowledged
@@ -117,12 +141,35 @@ class RedeliveryRequest(Request):
 
     def _dlq_redeliver(self, exc, exc_info, send_failed_event, return_ok):
         ctx = self._dlq_context()
+        envelope, arguments = ctx.envelope, getattr(exc, "arguments", None)
+        if arguments is not None:  # self.retry(args=..., kwargs=...)
+            try:
+                envelope = runtime_of(self.app).with_arguments(envelope, *arguments)
+            except Exception as error:
+                return self._dlq_bad_arguments(error, exc_info, send_failed_event, return_ok)
         try:
-            runtime_of(self.app).redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=exc.failure,
-                                                 delay=exc.when or 0.0, message=ctx.message)
+            runtime_of(self.app).redeliver_later(envelope, delivery=ctx.delivery, failure=exc.failure,
+                                                 delay=exc.when or 0.0, message=ctx.message,
+                                                 new_body=arguments is not None)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_bad_arguments(self, error, exc_info, send_failed_event, return_ok):
+        """``self.retry(args=..., kwargs=...)`` with arguments the message's serializer cannot encode.
+
+        Celery's own ``retry()`` fails the task then (the publish raises); here the original message
+        goes to the DLQ as ``non_retryable`` with the encoding error, and the task is a FAILURE.
+        """
+        logger.error("celery-dlq: cannot encode the new retry arguments of %s[%s]: %r", self.name, self.id, error)
+        retry = lambda: self._dlq_bad_arguments(error, exc_info, send_failed_event, return_ok)  # noqa: E731
+        if self._dlq_takeover(H.describe_exception(error, ""), Reason.NON_RETRYABLE, lost=False, retry=retry) is None:
+            return None
+        try:
+            self.task.backend.mark_as_failure(self.id, error, request=self._context, call_errbacks=False)
+        except Exception:
+            logger.exception("celery-dlq: could not record FAILURE of %s[%s]", self.name, self.id)
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_final(self, exc, exc_info, send_failed_event, return_ok):
@@ -130,6 +177,8 @@ class RedeliveryRequest(Request):
         policy, delivery = ctx.policy, ctx.delivery
         if isinstance(exc, SoftTimeLimitExceeded):
             reason = Reason.TIME_LIMIT
+        elif self._dlq_expired(exc, ctx):
+            reason = Reason.EXPIRED
         elif policy.attempts_left(delivery) or (policy.dead_letter_on and isinstance(exc, policy.dead_letter_on)):
             reason = Reason.NON_RETRYABLE  # the child would have redelivered otherwise; or never retried
         else:
@@ -138,6 +187,20 @@ class RedeliveryRequest(Request):
         if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False, retry=retry) is None:
             return None
         return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_expired(self, exc, ctx: MessageContext) -> bool:
+        """Whether the child gave up because the next delivery would come after the message's ``expires``.
+
+        The child raises the task's own exception then (its state is FAILURE,
+        as for a last failure), so this is read back: a message that has an
+        expiry, failed with an exception the policy retries and had attempts
+        left was only not parked because of its expiry; ``self.retry()``
+        without an ``exc`` says so with :class:`MessageExpired`.
+        """
+        if isinstance(exc, MessageExpired):
+            return True
+        return (H.expires_at({"expires": self.expires}) is not None and ctx.policy.attempts_left(ctx.delivery)
+                and ctx.policy.is_retryable(exc))
 
     def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
         retry = lambda: self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)  # noqa: E731
@@ -155,9 +218,12 @@ class RedeliveryRequest(Request):
         runtime = runtime_of(self.app)
         try:
             if lost and ctx.policy.attempts_left(ctx.delivery):
-                runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
-                                        delay=ctx.policy.delay_after(ctx.delivery), message=ctx.message)
-                return "parked"
+                delay = ctx.policy.delay_after(ctx.delivery)
+                if not H.expires_before(ctx.envelope.headers, time.time() + delay):
+                    runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
+                                            delay=delay, message=ctx.message)
+                    return "parked"
+                reason = Reason.EXPIRED
             runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
                                 failure=failure, worker=self.hostname)
             return "dead_lettered"

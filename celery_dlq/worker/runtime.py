@@ -20,13 +20,16 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Mapping
 
+from celery.utils.saferepr import saferepr
+from kombu.compression import compress
+from kombu.serialization import dumps as encode_body, loads as decode_body, prepare_accept_content, registry
 from kombu.utils import json
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
-from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element
-from celery_dlq.message import Envelope, queue_of
+from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element, with_body
+from celery_dlq.message import Envelope, queue_of, with_task_arguments
 from celery_dlq.policy import RedeliveryPolicy, validate_fields
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
 from celery_dlq.redis.client import broker_client, broker_url, worker_client
@@ -205,14 +208,17 @@ class Runtime:
         return QueueLists.of(self.app.conf.broker_transport_options)
 
     def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float,
-                        message: Any = None) -> float:
+                        message: Any = None, new_body: bool = False) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
         ``message`` is the consumed kombu message: on a Redis broker that is
         also the store, what is parked is the element kombu will pop (its
         body as kombu encoded it, the next delivery's headers), moved back
-        inside Redis. Returns the due time. Raises on any Redis error, before
-        which nothing was acknowledged.
+        inside Redis. ``new_body``: ``envelope`` carries another body than the
+        consumed message (:meth:`with_arguments`), which the parked copy takes.
+        The message's expiry (Celery's ``expires``) is stored with it, for the
+        mover. Returns the due time. Raises on any Redis error, before which
+        nothing was acknowledged.
         """
         now = time.time()
         due = now + max(0.0, float(delay))
@@ -224,6 +230,8 @@ class Runtime:
         event, max_length = self.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
         raw = getattr(message, "_raw", None) if message is not None and self.direct else None
         if isinstance(raw, dict):
+            if new_body:
+                raw = with_body(raw, envelope.body, envelope.content_type, envelope.content_encoding)
             element = redelivery_element(raw, headers, tag=uuid(), source_tag=envelope.delivery_tag)
             dest = self.lists.key(envelope.queue, element["properties"].get("priority"))
             payload = DirectPayload(envelope.queue, dest, envelope.task_name or "",
@@ -236,7 +244,7 @@ class Runtime:
         channel = getattr(message, "channel", None) if raw is not None else None
         settle = channel if callable(getattr(channel, "settled", None)) else None
         ack = (settle.ack_keys(), envelope.delivery_tag) if settle is not None and envelope.delivery_tag else None
-        parked = self._park_once(payload, envelope, nxt, due, event, max_length, ack)
+        parked = self._park_once(payload, envelope, nxt, due, event, max_length, ack, H.expires_at(headers))
         if ack is not None:   # the park script acknowledged the consumed message: kombu's ack only forgets it
             settle.settled(envelope.delivery_tag)
         if not parked:
@@ -245,8 +253,35 @@ class Runtime:
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
         return due
 
+    def with_arguments(self, envelope: Envelope, args: list, kwargs: dict) -> Envelope:
+        """The message with new task arguments, encoded as the original was (``self.retry(args=...)``).
+
+        The original body is decoded only as the app's ``accept_content``
+        allows (the worker accepted it to run it); the new one is encoded
+        with the same serializer, so callbacks, errbacks and chains in it are
+        kept. A compressed message (kombu's ``compression`` header; the
+        consumed body is the decompressed one) is compressed again. Celery's
+        ``argsrepr``/``kwargsrepr`` headers follow. Raises if the body cannot
+        be decoded or the arguments encoded.
+        """
+        accept = prepare_accept_content(self.app.conf.accept_content)
+        decoded = decode_body(envelope.body, envelope.content_type, envelope.content_encoding, accept=accept)
+        serializer = registry.type_to_name[envelope.content_type]
+        content_type, content_encoding, body = encode_body(with_task_arguments(decoded, args, kwargs),
+                                                           serializer=serializer)
+        body = body if isinstance(body, bytes) else body.encode(content_encoding)
+        headers = dict(envelope.headers)
+        if headers.get("compression"):
+            body, _ = compress(body, headers["compression"])
+        if "argsrepr" in headers:
+            headers["argsrepr"] = saferepr(args)
+        if "kwargsrepr" in headers:
+            headers["kwargsrepr"] = saferepr(kwargs)
+        return replace(envelope, body=body, content_type=content_type, content_encoding=content_encoding,
+                       headers=headers)
+
     def _park_once(self, payload: bytes, envelope: Envelope, nxt: int, due: float,
-                   event: Any, max_length: int, ack: Any = None) -> bool:
+                   event: Any, max_length: int, ack: Any = None, expires: float | None = None) -> bool:
         """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 
         The entry id makes a park idempotent when the same message instance
@@ -257,14 +292,15 @@ class Runtime:
         """
         task_id = envelope.task_id or "unknown"
         entry_id = f"{task_id}:{nxt}"
-        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name):
+        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name,
+                           expires):
             return True
         existing = self.store.get(entry_id)
         tag = envelope.delivery_tag
         if existing is None or not tag or source_tag_of(existing.payload) == tag:
             return False  # parked already by an earlier delivery of this same message
         return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length,
-                               task=envelope.task_name)
+                               task=envelope.task_name, expires=expires)
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         return self.deadletterer.dead_letter(envelope, **kwargs)

@@ -9,6 +9,7 @@ the original message before it is acknowledged.
 """
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,25 +17,34 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlq import headers as H
+from celery_dlq.errors import MessageExpired
 from celery_dlq.message import queue_of
 from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
+
+
+#: Request attribute: the exception ``self.retry()`` raised because the retry would come after ``expires``.
+EXPIRED_RETRY = "celery_dlq_expired_retry"
 
 
 class Redeliver(Retry):
     """Raised in the child: park the original message and deliver it again in ``when`` seconds.
 
     Carries the failure as plain strings (``failure``) so it crosses the pool
-    boundary even when the original exception cannot be pickled.
+    boundary even when the original exception cannot be pickled, and the
+    next delivery's ``(args, kwargs)`` when ``self.retry(args=..., kwargs=...)``
+    changed them (``arguments``; None: the message's own).
     """
 
     def __init__(self, message: str | None = None, exc: BaseException | None = None,
-                 when: float | None = None, failure: dict | None = None, **kwargs: Any) -> None:
+                 when: float | None = None, failure: dict | None = None,
+                 arguments: tuple[list, dict] | None = None, **kwargs: Any) -> None:
         super().__init__(message, exc, when, **kwargs)
         self.failure = failure or H.describe_exception(exc)
+        self.arguments = arguments
 
     def __reduce__(self):
-        return self.__class__, (self.message or str(self), None, self.when, self.failure)
+        return self.__class__, (self.message or str(self), None, self.when, self.failure, self.arguments)
 
 
 class RedeliveryTask(Task):
@@ -67,9 +77,11 @@ class RedeliveryTask(Task):
             return super().__call__(*args, **kwargs)
         try:
             return self.run(*args, **kwargs)
-        except (Retry, Ignore, Reject):
-            raise  # the task's own say (retry, replace(), reject): never a failed delivery
+        except (Retry, Ignore, Reject, MessageExpired):
+            raise  # the task's own say (retry, replace(), reject, a retry past expiry): never a failed delivery
         except Exception as exc:
+            if exc is getattr(self.request, EXPIRED_RETRY, None):
+                raise  # self.retry(exc=exc) past the message's expiry: the last failure
             delay = self._redelivery_delay(exc)
             if delay is None:
                 raise
@@ -83,24 +95,35 @@ class RedeliveryTask(Task):
         return runtime_of(self.app).policy(self, queue), delivery_count(request)
 
     def _redelivery_delay(self, exc: BaseException) -> float | None:
-        """Seconds until the next delivery, or None when this failure is the last."""
+        """Seconds until the next delivery, or None when this failure is the last.
+
+        It is the last, too, when the next delivery would come after the
+        message's ``expires``: Celery would discard it then, so the worker
+        dead-letters it now (reason ``expired``).
+        """
         policy, delivery = self._policy_and_delivery()
         if not policy.is_retryable(exc) or not policy.attempts_left(delivery):
             return None
-        return policy.delay_after(delivery)
+        delay = policy.delay_after(delivery)
+        return None if self._expires_before(delay) else delay
+
+    def _expires_before(self, delay: float) -> bool:
+        return H.expires_before({"expires": self.request.expires}, time.time() + delay)
 
     def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None,
               max_retries=None, **options):
         """Redeliver through the Redis-parked path; counts as a delivery.
 
         ``countdown``/``eta`` override the policy's delay for this one wait.
-        Celery's own path is kept for eager calls, for ``throw=False`` and
-        when new ``args``/``kwargs``/options are given (the original message
-        is what gets parked, so it cannot change them).
+        New ``args``/``kwargs`` go into the parked copy (same task id, headers
+        and delivery count). Celery's own path is kept for eager calls, for
+        ``throw=False`` and for other ``apply_async`` options (queue,
+        priority, ...). A retry that would come after the message's
+        ``expires`` raises ``exc`` (or :class:`MessageExpired`): the message
+        is dead-lettered with reason ``expired``.
         """
         request = self.request
-        if (request.called_directly or request.is_eager or not throw
-                or args is not None or kwargs is not None or options):
+        if request.called_directly or request.is_eager or not throw or options:
             return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                                  countdown=countdown, max_retries=max_retries, **options)
         policy, delivery = self._policy_and_delivery()
@@ -117,6 +140,16 @@ class RedeliveryTask(Task):
             when = max(0.0, (eta - datetime.now(timezone.utc)).total_seconds())
         else:
             when = policy.delay_after(delivery)
+        if self._expires_before(when):
+            final = exc if exc is not None else MessageExpired(
+                f"Can't retry {self.name}[{request.id}]: the next delivery (in {when:.3g}s) would come after "
+                f"the message expires ({request.expires})")
+            setattr(request, EXPIRED_RETRY, final)
+            raise final
         failure = H.describe_exception(exc, "") if exc is not None else \
             {"type": "celery.exceptions.Retry", "message": "retry requested by the task", "traceback": ""}
-        raise Redeliver(exc=exc, when=when, failure=failure)
+        arguments = None
+        if args is not None or kwargs is not None:
+            arguments = (list(request.args or ()) if args is None else list(args),
+                         dict(request.kwargs or {}) if kwargs is None else dict(kwargs))
+        raise Redeliver(exc=exc, when=when, failure=failure, arguments=arguments)

@@ -177,3 +177,51 @@ def sleeps(self, seconds=1.0):
     record(self)
     time.sleep(seconds)
     return seconds
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.fails_slow_retry",
+          redelivery_policy={"redelivery_delay": 5.0, "max_delivery_attempts": 3})
+def fails_slow_retry(self):
+    """Fails; its next delivery would come 5 s later (sent with a shorter ``expires``: dead-lettered at once)."""
+    record(self)
+    raise ConnectionError("come back in 5 s")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.fails_retry_3s",
+          redelivery_policy={"redelivery_delay": 3.0, "max_delivery_attempts": 3})
+def fails_retry_3s(self):
+    """Fails; parked for 3 s (sent with ``expires`` 4 s: parked, and expires if no mover moves it in time)."""
+    record(self)
+    raise ConnectionError("come back in 3 s")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.retry_new_args",
+          redelivery_policy={"max_delivery_attempts": 3})
+def retry_new_args(self, step=0, until=2, note="first"):
+    """Retries with new arguments (``self.retry(args=..., kwargs=...)``) until ``step`` reaches ``until``."""
+    record(self)
+    if step < until:
+        raise self.retry(args=(step + 1,), kwargs={"until": until, "note": f"retry {step + 1}"}, countdown=0.1)
+    return step
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.poison_slow_retry",
+          redelivery_policy={"redelivery_delay": 5.0, "max_delivery_attempts": 3})
+def poison_slow_retry(self):
+    """Kills its pool process; the next delivery would come 5 s later."""
+    record(self)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.retries_later")
+def retries_later(self, countdown=5.0, with_exc=False):
+    """Asks for a retry ``countdown`` seconds later (with an exception of its own when ``with_exc``)."""
+    record(self)
+    raise self.retry(countdown=countdown, exc=TimeoutError("upstream timeout") if with_exc else None)
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.retry_unencodable_args")
+def retry_unencodable_args(self):
+    """Retries with an argument JSON cannot encode (Celery's own retry() would fail to publish it)."""
+    record(self)
+    raise self.retry(args=(object(),), countdown=0.1)

@@ -5,6 +5,7 @@
 -- KEYS[3] = queues    (HASH) entry_id -> original queue name
 -- KEYS[4] = parked    (HASH) queue -> entries parked or leased for that queue
 -- KEYS[5] = stats     (HASH) counter name -> integer
+-- KEYS[6] = expiries  (HASH) entry_id -> when the message expires (ms)
 --
 -- ARGV[1] = stats counter to add ARGV[2] to ("" for none)
 -- ARGV[2] = amount to add: the messages the caller published
@@ -27,6 +28,7 @@ for i = 3, #ARGV, 2 do
         local queue = parked_queue(KEYS[3], id, redis.call('HGET', KEYS[2], id))
         redis.call('HDEL', KEYS[2], id)
         redis.call('HDEL', KEYS[3], id)
+        redis.call('HDEL', KEYS[6], id)
         if queue and redis.call('HINCRBY', KEYS[4], queue, -1) <= 0 then
             redis.call('HDEL', KEYS[4], queue)
         end

@@ -5,6 +5,7 @@
 -- KEYS[3] = payloads  (HASH) entry_id -> payload bytes
 -- KEYS[4] = queues    (HASH) entry_id -> original queue name
 -- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
+-- KEYS[6] = expiries  (HASH) entry_id -> when the message expires (ms)
 --
 -- ARGV[1] = now (ms)
 -- ARGV[2] = lease expiry of the entries claimed now (ms), > now
@@ -15,7 +16,8 @@
 -- entries (due <= now) move from delayed to leases, scored with the expiry.
 -- Entries stay in Redis until acked: nothing is popped, so nothing is lost.
 --
--- Returns a flat array: entry_id, payload, queue for each claimed entry.
+-- Returns a flat array: entry_id, payload, queue for each claimed entry. An entry whose message
+-- expired is claimed like any other: the mover dead-letters it instead of publishing it.
 -- An entry without a payload cannot be delivered: it is deleted, not returned.
 
 local now, lease_until, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -33,7 +35,7 @@ for _, id in ipairs(due) do
         claimed[#claimed + 1] = payload
         claimed[#claimed + 1] = parked_queue(KEYS[4], id, payload) or ''
     else
-        forget_entry(KEYS[1], KEYS[4], KEYS[5], id)
+        forget_entry(KEYS[1], KEYS[4], KEYS[5], KEYS[6], id)
     end
 end
 return claimed

@@ -40,8 +40,9 @@ local function restore_expired_leases(delayed_key, leases_key, now, limit)
 end
 
 -- A due entry whose payload is gone cannot be delivered: delete it and take it off its queue's count.
-local function forget_entry(delayed_key, queues_key, parked_key, id)
+local function forget_entry(delayed_key, queues_key, parked_key, expiries_key, id)
     redis.call('ZREM', delayed_key, id)
+    redis.call('HDEL', expiries_key, id)
     local queue = redis.call('HGET', queues_key, id)
     redis.call('HDEL', queues_key, id)
     if queue and redis.call('HINCRBY', parked_key, queue, -1) <= 0 then

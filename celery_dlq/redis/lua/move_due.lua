@@ -7,7 +7,8 @@
 -- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
 -- KEYS[6] = stats     (HASH) counter name -> integer: `redelivered` counts the moves
 -- KEYS[7] = events    (STREAM) the archive: one `redelivered` event per move
--- KEYS[8], KEYS[9], ... = destination lists (LIST) the caller expects (kombu's lists of the parked
+-- KEYS[8] = expiries  (HASH) entry_id -> when the message expires (ms; only messages with `expires`)
+-- KEYS[9], KEYS[10], ... = destination lists (LIST) the caller expects (kombu's lists of the parked
 --                         queues, every priority step); a payload naming another list is left for the
 --                         publish path, so every key the script touches is passed in KEYS
 --
@@ -22,7 +23,10 @@
 -- LPUSHed (as kombu publishes) onto its list and deleted with its bookkeeping
 -- in the same step, so nothing is lost and nothing moves twice; a
 -- publish-format entry (parked before an upgrade, or for another broker), or
--- one for a list not in KEYS, is left where it is for the publish path.
+-- one for a list not in KEYS, is left where it is for the publish path; so is an entry whose message
+-- expired (its `expiries` time has passed): the mover claims it and dead-letters it (reason `expired`)
+-- instead of moving it, as Celery would discard it. Entries parked with no `expiries` field (no
+-- `expires`, or parked by an earlier release) are moved as before.
 -- Returns {moved, left, queue, task, n, queue, task, n, ...}: how many moved, how many due
 -- entries were left, and how many moved per queue and task (the caller counts them for the exporter).
 
@@ -32,20 +36,28 @@ local max_length, ts = tonumber(ARGV[3]), ARGV[4]
 restore_expired_leases(KEYS[1], KEYS[2], now, limit)
 
 local lists = {}
-for i = 8, #KEYS do
+for i = 9, #KEYS do
     lists[KEYS[i]] = i
 end
 
 local moved, left, per_queue, per_task = 0, 0, {}, {}
+local any_expiry = redis.call('HLEN', KEYS[8]) > 0   -- none parked with `expires`: no lookups at all
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(due) do
     local payload = redis.call('HGET', KEYS[3], id)
     local parts = direct_parts(payload)
     local list = parts and lists[parts.dest]
+    local expiry = list and any_expiry and redis.call('HGET', KEYS[8], id)
+    if expiry and tonumber(expiry) <= tonumber(now) then
+        list = nil   -- expired while parked: left for the claim, which dead-letters it
+    end
     if list then
         redis.call('LPUSH', KEYS[list], parts.element)
         redis.call('ZREM', KEYS[1], id)
         redis.call('HDEL', KEYS[3], id)
+        if expiry then
+            redis.call('HDEL', KEYS[8], id)
+        end
         per_queue[parts.queue] = (per_queue[parts.queue] or 0) + 1
         local label = parts.queue .. '\0' .. parts.task
         per_task[label] = (per_task[label] or 0) + 1
@@ -63,7 +75,7 @@ for _, id in ipairs(due) do
     elseif payload then
         left = left + 1
     else
-        forget_entry(KEYS[1], KEYS[4], KEYS[5], id)
+        forget_entry(KEYS[1], KEYS[4], KEYS[5], KEYS[8], id)
     end
 end
 for queue, n in pairs(per_queue) do   -- the parked counts, once per queue and batch

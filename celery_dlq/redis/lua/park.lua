@@ -8,9 +8,10 @@
 -- KEYS[6] = stats     (HASH) counter name -> integer: its `parked` counter counts parks
 -- KEYS[7] = events    (STREAM) the archive: the `parked` event is appended here
 -- KEYS[8] = metrics   (HASH) the exporter's counters: ARGV[7] is raised by one per park
--- KEYS[9] = unacked   (HASH) kombu's: delivery tag -> message (only with ARGV[6])
--- KEYS[10] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
--- KEYS[11] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
+-- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
+-- KEYS[10] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
+-- KEYS[11] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
+-- KEYS[12] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -21,7 +22,9 @@
 --           Redis broker that is also the store, parking and kombu's ack are one atomic step, so a crash
 --           between them can neither lose the message nor deliver it twice
 -- ARGV[7] = the metrics field this park raises (parked_total with its labels; "" for none)
--- ARGV[8], ARGV[9], ... = the event's field, value pairs
+-- ARGV[8] = when the message expires (ms; Celery's `expires`), "" when it never does: the mover
+--           dead-letters an entry whose expiry passed instead of moving it
+-- ARGV[9], ARGV[10], ... = the event's field, value pairs
 --
 -- Returns 0 when entry_id is already parked or leased (nothing changes: a
 -- redelivered failure must not park, or count, twice), 1 when parked, 2 when
@@ -31,9 +34,9 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    redis.call('HDEL', KEYS[9], ARGV[6])
-    redis.call('ZREM', KEYS[10], ARGV[6])
-    redis.call('SREM', KEYS[11], ARGV[6])
+    redis.call('HDEL', KEYS[10], ARGV[6])
+    redis.call('ZREM', KEYS[11], ARGV[6])
+    redis.call('SREM', KEYS[12], ARGV[6])
 end
 if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
         or redis.call('HEXISTS', KEYS[3], id) == 1 then
@@ -44,14 +47,17 @@ if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue i
     redis.call('HSET', KEYS[4], id, ARGV[3])
 end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
+if ARGV[8] and ARGV[8] ~= '' then
+    redis.call('HSET', KEYS[9], id, ARGV[8])
+end
 redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[6], 'parked', 1)
 if ARGV[7] and ARGV[7] ~= '' then
     redis.call('HINCRBY', KEYS[8], ARGV[7], 1)
 end
-if tonumber(ARGV[5]) > 0 and #ARGV > 8 then
+if tonumber(ARGV[5]) > 0 and #ARGV > 9 then
     local event = {}
-    for i = 8, #ARGV do
+    for i = 9, #ARGV do
         event[#event + 1] = ARGV[i]
     end
     local ok = redis.pcall('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', unpack(event))

@@ -5,6 +5,7 @@
 -- KEYS[3] = payloads  (HASH) entry_id -> payload bytes
 -- KEYS[4] = queues    (HASH) entry_id -> original queue name
 -- KEYS[5] = parked    (HASH) queue -> entries parked or leased for that queue
+-- KEYS[6] = expiries  (HASH) entry_id -> when the message expires (ms)
 --
 -- ARGV[1] = entry_id
 --
@@ -14,6 +15,7 @@ local id = ARGV[1]
 local removed = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
 local queue = parked_queue(KEYS[4], id, redis.call('HGET', KEYS[3], id))
 removed = removed + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
+redis.call('HDEL', KEYS[6], id)
 if queue and redis.call('HINCRBY', KEYS[5], queue, -1) <= 0 then
     redis.call('HDEL', KEYS[5], queue)
 end
