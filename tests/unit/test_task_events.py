@@ -125,3 +125,15 @@ def test_celerys_events_state_merges_the_fields_but_serves_only_its_own(dead_let
     served = task.as_dict()
     assert "dlq" not in served and "reason" not in served
     assert "dead-lettered to DLQ.q, reason max_delivery_attempts" in served["exception"]
+
+
+def test_with_no_failed_event_after_it_the_task_shows_the_custom_state():
+    """A poison message dead-lettered before it runs again: its last event was task-retried (parked)."""
+    state = State()
+    for e in [event("task-received", 1, name="t.x"), event("task-started", 2),
+              event("task-retried", 3, exception="WorkerLostError()"),
+              event(DEAD_LETTERED, 4, name="t.x", dlq="DLQ.q", queue="q", reason="worker_lost", delivery_count=3,
+                    exception_type="billiard.exceptions.WorkerLostError")]:
+        state.event(e)
+    assert state.tasks["id-1"].state == "DEAD-LETTERED"
+    assert state.tasks["id-1"].as_dict()["state"] == "DEAD-LETTERED"
