@@ -9,14 +9,13 @@ import json
 import pytest
 
 from celery_dlq.redis.keys import Keys, Stat
-from tests.integration.test_exporter import (RULES, ExporterProcess, Prometheus, dlq_cli, exporters,  # noqa: F401
-                                             needs, ops_env, wait_for)
+from tests.integration.test_exporter import RULES, ExporterProcess, Prometheus, dlq_cli, needs, ops_env, wait_for
 from tests.unit.test_grafana_dashboard import filled, targets
 
 pytestmark = pytest.mark.integration
 
 
-def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harness, exporters):  # noqa: F811
+def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harness, tmp_path):
     needs("prometheus")
     q = harness.queue
     harness.extra_env["DLQ_TEST_CONF"] = json.dumps({
@@ -39,10 +38,10 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
         done = dlq_cli(env, *args)
         assert done.returncode == 0, done.stdout + done.stderr
 
-    exporter = ExporterProcess(env, harness.tmp_path / "exporter.log").start()
-    exporters.append(exporter)
-    prometheus = Prometheus(harness.tmp_path, f"127.0.0.1:{exporter.port}", RULES)
+    exporter = ExporterProcess(env, tmp_path / "exporter.log").start()
+    prometheus = None
     try:
+        prometheus = Prometheus(tmp_path, f"127.0.0.1:{exporter.port}", RULES)
         for title, expr in targets():   # variables as the dashboard's defaults ("All") fill them in
             expr = filled(expr)
             result = wait_for(lambda: prometheus.query(expr), 60, f"{title!r}: {expr}", prometheus.log)
@@ -50,4 +49,6 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
         by_dlq = {s["metric"]["dlq"]: s["value"][1] for s in prometheus.query("sum by (dlq) (celery_dlq_dead_letters)")}
         assert by_dlq == {f"DLQ.{q}": "1"}
     finally:
-        prometheus.stop()
+        if prometheus is not None:
+            prometheus.stop()
+        exporter.stop()

@@ -98,7 +98,8 @@ def test_panels_are_well_formed():
         assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
-        mine = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])}
+        mine = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                for y in range(grid["y"], grid["y"] + grid["h"])}
         assert not mine & cells, f"{panel['title']} overlaps another panel"
         cells |= mine
 

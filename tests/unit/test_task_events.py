@@ -7,11 +7,28 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import redis
+from celery import Celery
 from celery.events.state import State
 
 from celery_dlq import RedeliveryPolicy
 from celery_dlq.worker.task_events import DEAD_LETTERED, TaskEvents, failed_exception
-from tests.unit.test_deadletter import FAILURE, dead_letter, letterer_for, setup  # noqa: F401 (fixture)
+from celery_dlq.message import Envelope
+from celery_dlq.redis.keys import Keys
+from tests.unit.test_deadletter import dead_letter, letterer_for
+
+
+@pytest.fixture
+def setup(redis_server, unique):
+    """An app on the test run's redis-server as broker, a key prefix and one message (as test_deadletter.py)."""
+    app = Celery("ev", broker=redis_server.url, set_as_current=False)
+    client = redis.Redis.from_url(redis_server.url)
+    envelope = Envelope(body=b'[[1], {}, {}]', content_type="application/json", content_encoding="utf-8",
+                        headers={"task": "t.x", "id": f"id-{unique}"}, properties={"correlation_id": f"id-{unique}"},
+                        exchange="", routing_key=f"q{unique}", queue=f"q{unique}")
+    yield app, client, Keys(f"ev{unique}"), envelope
+    client.delete(f"DLQ.q{unique}")
+    client.close()
 
 
 class Dispatcher:
@@ -32,7 +49,7 @@ def events_for(app, dispatcher) -> TaskEvents:
     return events
 
 
-def test_a_dead_letter_sends_task_dead_lettered(setup):  # noqa: F811
+def test_a_dead_letter_sends_task_dead_lettered(setup):
     app, client, keys, envelope = setup
     dispatcher = Dispatcher()
     letterer = letterer_for(app, client, keys)
@@ -45,7 +62,7 @@ def test_a_dead_letter_sends_task_dead_lettered(setup):  # noqa: F811
     assert len(dispatcher.sent) == 1
 
 
-def test_a_dropped_message_sends_it_with_no_dlq(setup):  # noqa: F811
+def test_a_dropped_message_sends_it_with_no_dlq(setup):
     app, client, keys, envelope = setup
     dispatcher = Dispatcher()
     letterer = letterer_for(app, client, keys)
@@ -55,7 +72,7 @@ def test_a_dropped_message_sends_it_with_no_dlq(setup):  # noqa: F811
     assert (type_, fields["dlq"], fields["reason"]) == (DEAD_LETTERED, None, "max_delivery_attempts")
 
 
-def test_a_failing_dispatcher_loses_nothing(setup, caplog):  # noqa: F811
+def test_a_failing_dispatcher_loses_nothing(setup, caplog):
     app, client, keys, envelope = setup
     letterer = letterer_for(app, client, keys)
     letterer.events = events_for(app, Dispatcher(fails=True))
@@ -65,7 +82,7 @@ def test_a_failing_dispatcher_loses_nothing(setup, caplog):  # noqa: F811
     assert "could not send the task-dead-lettered event of t.x" in caplog.text
 
 
-def test_nothing_is_sent_while_events_are_disabled(setup):  # noqa: F811
+def test_nothing_is_sent_while_events_are_disabled(setup):
     app, *_ = setup
     dispatcher = Dispatcher(enabled=False)
     events_for(app, dispatcher).dead_lettered("id-1", "t.x", dlq="DLQ.q", queue="q", reason="non_retryable",
@@ -73,7 +90,7 @@ def test_nothing_is_sent_while_events_are_disabled(setup):  # noqa: F811
     assert dispatcher.sent == []
 
 
-def test_outside_a_worker_dead_letters_go_out_without_events(setup):  # noqa: F811
+def test_outside_a_worker_dead_letters_go_out_without_events(setup):
     """A process with no consumer (a script calling the runtime) has no dispatcher: nothing to send, no error."""
     app, client, keys, envelope = setup
     letterer = letterer_for(app, client, keys)
@@ -82,7 +99,7 @@ def test_outside_a_worker_dead_letters_go_out_without_events(setup):  # noqa: F8
     assert client.llen(f"DLQ.{envelope.queue}") == 1
 
 
-def test_a_task_with_send_events_false_sends_none(setup):  # noqa: F811
+def test_a_task_with_send_events_false_sends_none(setup):
     app, *_ = setup
 
     @app.task(name="t.quiet", send_events=False)
