@@ -200,7 +200,7 @@ def test_flower_shows_a_dead_lettered_task_with_its_dlq_and_reason(harness, flow
     for event, failed_run, next_run in zip(scheduled, runs, runs[1:]):   # due 0.1 s after a failure
         assert event["exception_type"] == "ValueError" and event["queue"] == harness.queue
         assert failed_run < event["due"] <= next_run + 0.05
-    (refusal,) = tap.of(refused.id, DEAD_LETTERED)
+    (refusal,) = wait_for(lambda: tap.of(refused.id, DEAD_LETTERED), 30, "the tap to get the second one")
     assert (refusal["reason"], refusal["delivery_count"], refusal["exception_type"]) == ("non_retryable", 1, "KeyError")
 
 
