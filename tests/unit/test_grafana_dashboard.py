@@ -175,5 +175,5 @@ def test_the_compose_grafana_provisions_the_datasource_and_the_dashboard():
     assert provider["type"] == "file"
     assert ROOT / grafana[provider["options"]["path"]] == DASHBOARD.parent
     # Published on the host's loopback only.
-    for service in ("grafana", "prometheus"):
+    for service in ("grafana", "prometheus", "flower"):
         assert all(port.startswith("127.0.0.1:") for port in compose()["services"][service]["ports"])
