@@ -29,6 +29,7 @@ from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.worker.retention import Retention
+from celery_dlq.worker.task_events import TaskEvents
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,9 @@ class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
     def __init__(self, app: Any, client: Any, keys: Keys, *, audit_ttl: float, archive: EventLog,
-                 redis_url: str) -> None:
+                 redis_url: str, events: TaskEvents | None = None) -> None:
         self.app = app
+        self.events = events
         self.client = client
         self.keys = keys
         self.archive = archive
@@ -116,3 +118,6 @@ class DeadLetterer:
                       task_name=envelope.task_name, original_queue=envelope.queue,
                       dead_letter_queue=dlq, reason=reason, exception=dict(failure),
                       delivery_count=delivery)
+        if self.events is not None:
+            self.events.dead_lettered(envelope.task_id, envelope.task_name, dlq=dlq, queue=envelope.queue,
+                                      reason=reason, delivery=delivery, exception_type=failure.get("type", ""))

@@ -26,6 +26,7 @@ from celery_dlq.headers import Reason
 from celery_dlq.message import was_redelivered
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
+from celery_dlq.worker.task_events import failed_exception
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class RedeliveryRequest(Request):
 
     _dlq_handled = False
     _dlq_write_attempts = 0
+    #: ``(dlq, reason, delivery)`` once this request's message is dead-lettered (dlq None: dropped).
+    _dlq_letter: tuple[str | None, str, int] | None = None
 
     # -- entry points from the pool ------------------------------------------
 
@@ -136,6 +139,17 @@ class RedeliveryRequest(Request):
         except Exception:  # the counter expires on its own; never fail an ack for it
             logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,
                          exc_info=True)
+
+    def send_event(self, type, **fields):
+        """Celery's; a dead-lettered task's ``task-failed`` event also names its DLQ and reason.
+
+        Flower's task view shows only Celery's own task fields, so the
+        ``exception`` field is where it can say so (see
+        :mod:`celery_dlq.worker.task_events`).
+        """
+        if self._dlq_letter is not None and type == "task-failed" and "exception" in fields:
+            fields["exception"] = failed_exception(fields["exception"], *self._dlq_letter)
+        return super().send_event(type, **fields)
 
     # -- outcomes ------------------------------------------------------------
 
@@ -224,8 +238,9 @@ class RedeliveryRequest(Request):
                                             delay=delay, message=ctx.message)
                     return "parked"
                 reason = Reason.EXPIRED
-            runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
-                                failure=failure, worker=self.hostname)
+            dlq = runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
+                                      failure=failure, worker=self.hostname)
+            self._dlq_letter = (dlq, reason, ctx.delivery)
             return "dead_lettered"
         except Exception:
             self._dlq_write_failed("dead-letter" if not lost else "park or dead-letter", retry)

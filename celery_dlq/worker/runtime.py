@@ -40,6 +40,7 @@ from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.worker.task_events import TaskEvents
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class Runtime:
         self._lock = threading.Lock()
         #: The worker consumer's timer (set by the task strategy); retries failed writes.
         self.timer: Any = None
+        #: Celery task events (``-E``); the task strategy hands it the worker's consumer.
+        self.events = TaskEvents(app)
 
     # -- configuration ------------------------------------------------------
 
@@ -143,7 +146,8 @@ class Runtime:
         self._counters = DeliveryCounters(self._client, self.keys, scripts, settings.delivery_count_ttl)
         self._archive = EventLog(self._client, self.keys, settings.events_max_length)
         self._deadletterer = DeadLetterer(self.app, self._client, self.keys, audit_ttl=settings.audit_ttl,
-                                          archive=self._archive, redis_url=settings.redis_url)
+                                          archive=self._archive, redis_url=settings.redis_url,
+                                          events=self.events)
         self._broker: Any = None
         self._pid = os.getpid()
 
@@ -251,6 +255,8 @@ class Runtime:
             return due
         send_isolated(task_redelivery_scheduled, sender=envelope.task_name, task_id=envelope.task_id,
                       task_name=envelope.task_name, delivery_count=nxt, due=due, exception=dict(failure))
+        self.events.redelivery_scheduled(envelope.task_id, envelope.task_name, delivery=nxt, due=due,
+                                         queue=envelope.queue, exception_type=failure.get("type", ""))
         return due
 
     def with_arguments(self, envelope: Envelope, args: list, kwargs: dict) -> Envelope:

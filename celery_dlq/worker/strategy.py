@@ -52,6 +52,7 @@ def strategy(task, app, consumer, **kwargs):
     handler = default_strategy(task, app, consumer, **kwargs)
     runtime = runtime_of(app)
     runtime.timer = getattr(consumer, "timer", None)
+    runtime.events.consumer = consumer
     hostname = consumer.hostname
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):

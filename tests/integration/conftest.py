@@ -21,6 +21,9 @@ _db_counter = itertools.cycle(range(1, 16))
 class Worker:
     """A `celery worker` subprocess (prefork) for the test app in tests/integration/proj.py."""
 
+    #: Worker options after the fixed ones (a test that needs events passes ``("-E",)`` with heartbeats on).
+    options: tuple[str, ...] = ("--without-heartbeat", "--without-mingle", "--without-gossip")
+
     def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None,
                  cwd: Path = ROOT):
         self.env, self.concurrency, self.name, self.log_path, self.cwd = env, concurrency, name, log_path, cwd
@@ -36,8 +39,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "worker",
              "-P", "prefork", "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
-             "-n", f"{self.name}@%h", "--without-heartbeat", "--without-mingle", "--without-gossip",
-             "-l", "INFO"],
+             "-n", f"{self.name}@%h", *self.options, "-l", "INFO"],
             cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         if wait_ready:

@@ -38,6 +38,9 @@ app.conf.update(
 if os.environ.get("DLQ_TEST_CONF"):
     app.conf.update(json.loads(os.environ["DLQ_TEST_CONF"]))
 celery_dlq.install(app)
+if os.environ.get("DLQ_TEST_WEBHOOK"):   # tests/integration/test_webhook.py: the example receiver, as documented
+    from examples.monitoring.webhook import WebhookNotifier
+    WebhookNotifier(os.environ["DLQ_TEST_WEBHOOK"], timeout=5.0).connect()
 
 _client = None
 
