@@ -72,6 +72,9 @@ class RedeliveryRequest(Request):
         if isinstance(exc, (WorkerLostError, TimeLimitExceeded)) or self._dlq_process_exit(exc):
             reason = Reason.TIME_LIMIT if isinstance(exc, TimeLimitExceeded) else Reason.WORKER_LOST
             return self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)
+        if isinstance(exc, Reject) and exc.requeue:
+            self._dlq_take_back_delivery()
+            return super().on_failure(exc_info, send_failed_event, return_ok)
         if isinstance(exc, (Retry, *_PASS_THROUGH, SystemExit, KeyboardInterrupt)) \
                 or type(exc).__name__ == "Terminated":
             return super().on_failure(exc_info, send_failed_event, return_ok)
@@ -295,6 +298,24 @@ class RedeliveryRequest(Request):
     def _dlq_process_exit(self, exc) -> bool:
         return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (
             self._already_cancelled or self._already_revoked)
+
+    def _dlq_take_back_delivery(self) -> None:
+        """The task put its own message back (``Reject(requeue=True)``): that delivery used up no attempt.
+
+        The broker redelivers the message marked ``redelivered``, which the
+        strategy counts as the next delivery; setting the counter back makes
+        that delivery count as this one again, so a requeue is never taken
+        for a lost worker.
+        """
+        ctx = self._dlq_context()
+        if not ctx.policy.persist_delivery_count_before_delivery:
+            return
+        tag = (self._message.properties or {}).get("delivery_tag")
+        try:
+            runtime_of(self.app).counters.uncount([(self.id, tag, ctx.delivery)])
+        except Exception:  # at worst the requeued delivery counts as a new one: never lost
+            logger.warning("celery-dlq: %s[%s] requeued itself, but its delivery count could not be taken back",
+                           self.task.name, self.id, exc_info=True)
 
     def _dlq_context(self) -> MessageContext:
         """This message's queue, policy, delivery and envelope: resolved once per request."""

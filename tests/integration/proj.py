@@ -175,6 +175,19 @@ def rejects(self):
     raise Reject("not for us", requeue=False)
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.requeues_once",
+          redelivery_policy={"max_delivery_attempts": 1})
+def requeues_once(self):
+    """Puts its own message back the first time it runs (``Reject(requeue=True)``), then succeeds."""
+    from celery.exceptions import Reject
+
+    runs = client().incr(f"{PREFIX}:requeues:{self.request.id}")
+    record(self, run=runs)
+    if runs == 1:
+        raise Reject("not yet", requeue=True)
+    return "done"
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.sleeps")
 def sleeps(self, seconds=1.0):
     record(self)

@@ -189,6 +189,18 @@ def test_replace_and_reject_are_the_tasks_own_say_not_failed_deliveries(harness)
     assert harness.redis.zcard(f"{{{harness.prefix}}}:delayed") == 0
 
 
+def test_a_task_that_requeues_itself_uses_up_no_attempt_and_is_never_taken_for_a_lost_worker(harness):
+    """``Reject(requeue=True)`` with one attempt allowed: kombu redelivers it marked ``redelivered``."""
+    harness.worker(concurrency=1)
+    result = harness.send("proj.requeues_once")
+    harness.wait_until(lambda: len(harness.deliveries(result.id)) == 2, message="the requeued message ran again")
+    runs = harness.deliveries(result.id)
+    assert [r["run"] for r in runs] == [1, 2]
+    assert [r["delivery"] for r in runs] == [1, 1], "the requeue did not count as a delivery"
+    assert harness.dead_letters() == []
+    assert "worker_lost" not in harness.workers[0].log()
+
+
 def test_soft_time_limit_is_redelivered_then_dead_lettered_time_limit(harness):
     harness.worker()
     result = harness.send("proj.soft_limited")
