@@ -75,7 +75,8 @@ def _policy_fields(value: Any, where: str) -> dict[str, Any]:
 class DLQSettings:
     """Validated ``dlq_*`` settings of one app. Build with :meth:`from_conf`."""
 
-    redis_url: str
+    #: The store's URL; None when the broker is not Redis and ``dlq_redis_url`` is unset (see :attr:`redis_url`).
+    store_url: str | None
     key_prefix: str
     global_keyprefix: str
     mover_interval: float
@@ -89,6 +90,7 @@ class DLQSettings:
     default_policy: dict[str, Any]
     task_policies: PatternMap
     queue_policies: PatternMap
+    _broker_shown: Any = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -101,7 +103,7 @@ class DLQSettings:
             raise ConfigurationError(
                 f"dlq_key_prefix must be a non-empty string without braces, got {prefix!r}")
         return cls(
-            redis_url=_redis_url(conf),
+            store_url=_redis_url(conf),
             key_prefix=prefix,
             global_keyprefix=_global_keyprefix(conf),
             mover_interval=_positive("dlq_mover_interval", get("dlq_mover_interval")),
@@ -115,12 +117,26 @@ class DLQSettings:
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
             task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
             queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),
+            _broker_shown=_shown_broker(conf),
         )
+
+    @property
+    def redis_url(self) -> str:
+        """The store's Redis URL: needed by a worker and the operator tools, not by ``install()``.
+
+        An app whose broker is not Redis (``memory://`` in its unit tests,
+        with ``task_always_eager``) installs celery-dlq without one; whatever
+        then needs Redis raises :class:`ConfigurationError` naming ``dlq_redis_url``.
+        """
+        if self.store_url is None:
+            raise ConfigurationError(
+                f"dlq_redis_url is required when the broker is not Redis (broker_url is {self._broker_shown!r})")
+        return self.store_url
 
     @property
     def safe_redis_url(self) -> str:
         """The Redis URL with any password masked, for logs and errors."""
-        return maybe_sanitize_url(self.redis_url)
+        return maybe_sanitize_url(self.store_url) if self.store_url else "(no dlq_redis_url)"
 
     def policy_for(self, task_name: str, queue: str | None,
                    task_fields: Callable[[], Mapping[str, Any]] = dict) -> RedeliveryPolicy:
@@ -174,21 +190,30 @@ def client_url(url: str) -> str:
     return url
 
 
-def _redis_url(conf: Mapping[str, Any]) -> str:
+def _redis_url(conf: Mapping[str, Any]) -> str | None:
+    """``dlq_redis_url`` (validated), else the broker's URL when it is Redis, else None."""
     url = conf.get("dlq_redis_url")
     if url is not None:
         if not isinstance(url, str) or not client_url(url).startswith(REDIS_SCHEMES):
             shown = maybe_sanitize_url(client_url(str(url)))
             raise ConfigurationError(f"dlq_redis_url must be a redis://, rediss:// or unix:// URL, got {shown!r}")
         return client_url(url)
+    broker = _broker(conf)
+    if isinstance(broker, str) and client_url(broker).startswith(REDIS_SCHEMES):
+        return client_url(broker)
+    return None
+
+
+def _broker(conf: Mapping[str, Any]) -> Any:
     broker = conf.get("broker_url")
     if isinstance(broker, (list, tuple)):
         broker = broker[0] if broker else None
-    if isinstance(broker, str) and client_url(broker).startswith(REDIS_SCHEMES):
-        return client_url(broker)
-    shown = maybe_sanitize_url(client_url(broker)) if isinstance(broker, str) else broker
-    raise ConfigurationError(
-        f"dlq_redis_url is required when the broker is not Redis (broker_url is {shown!r})")
+    return broker
+
+
+def _shown_broker(conf: Mapping[str, Any]) -> Any:
+    broker = _broker(conf)
+    return maybe_sanitize_url(client_url(broker)) if isinstance(broker, str) else broker
 
 
 def web_token(conf: Mapping[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from celery import bootsteps
 
 from celery_dlq import headers as H
+from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.message import queue_of
 from celery_dlq.worker.runtime import Runtime
@@ -42,7 +43,12 @@ class DeadLetterDiscards(bootsteps.StartStopStep):
         return type(cls.__name__, (cls,), {"__module__": cls.__module__, "runtime": runtime})
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
-        self.runtime.validate()
+        try:
+            self.runtime.validate()
+            self.runtime.settings.redis_url   # a worker needs the store, even where install() did not
+        except ConfigurationError as exc:
+            # One line naming the setting, exit status 1: not a traceback through Celery's bootsteps.
+            raise SystemExit(f"celery-dlq: the worker cannot start: {exc}") from None
         use_in_worker(c.app, self.runtime)   # before the Connection step connects
         c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)

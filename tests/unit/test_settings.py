@@ -41,10 +41,12 @@ def test_global_keyprefix_is_honoured():
     assert DLQSettings.from_conf(app.conf).global_keyprefix == "tenant1:"
 
 
-def test_non_redis_broker_needs_dlq_redis_url():
+def test_non_redis_broker_needs_dlq_redis_url_where_redis_is_used():
     app = make_app(broker_url="amqp://guest:pw@localhost//")
+    settings = DLQSettings.from_conf(app.conf)   # install() validates without it (an app's eager tests)
     with pytest.raises(ConfigurationError, match="dlq_redis_url") as info:
-        DLQSettings.from_conf(app.conf)
+        settings.redis_url
+    assert "pw" not in settings.safe_redis_url
     assert "pw" not in str(info.value)
     app.conf.dlq_redis_url = "redis://127.0.0.1:1/3"
     assert DLQSettings.from_conf(app.conf).redis_url.endswith("/3")
