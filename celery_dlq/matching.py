@@ -114,6 +114,10 @@ class PatternMap:
         """Values whose pattern matches ``name``, most specific first."""
         return [value for pattern, value in self.items if pattern.matches(name)]
 
+    def matching_items(self, name: str) -> list[tuple[Pattern, Any]]:
+        """``(pattern, value)`` pairs whose pattern matches ``name``, most specific first."""
+        return [(pattern, value) for pattern, value in self.items if pattern.matches(name)]
+
     def __bool__(self) -> bool:
         return bool(self.items)
 

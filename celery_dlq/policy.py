@@ -30,13 +30,15 @@ _default_rng = random.Random()
 
 
 def compute_delay(n: int, *, delay: float, multiplier: float, cap: float,
-                  factor: float, rng: random.Random) -> float:
+                  factor: float, rng: random.Random, full_jitter: bool = False) -> float:
     """Seconds to wait after the ``n``-th failed delivery (``n`` >= 1).
 
     ``delay x multiplier^(n-1)``, then collision-avoidance jitter (a random
     sign, then ``x factor x U[0,1)``, as Artemis does), then the cap. With
     ``factor == 0`` no random number is drawn, so callers that seed an rng for
     other reasons see the same sequence with or without jitter configured.
+    ``full_jitter`` (Celery's ``retry_jitter``) then draws the wait uniformly
+    from ``[0, capped delay]``, as Celery's ``get_exponential_backoff_interval`` does.
     """
     if n < 1:
         raise ValueError(f"n counts failed deliveries from 1, got {n!r}")
@@ -47,7 +49,10 @@ def compute_delay(n: int, *, delay: float, multiplier: float, cap: float,
     if factor and base and not math.isinf(base):
         sign = -1.0 if rng.random() < 0.5 else 1.0
         base += base * (sign * factor * rng.random())
-    return min(base, cap)
+    wait = min(base, cap)
+    if full_jitter and wait > 0:
+        wait = rng.uniform(0.0, wait)
+    return wait
 
 
 # -- field validators: each returns the normalized value or raises ---------
@@ -147,6 +152,7 @@ class RedeliveryPolicy:
     max_redelivery_delay: float | None = None  # None: 10 x redelivery_delay, as Artemis
     redelivery_collision_avoidance_factor: float = 0.0
     max_delivery_attempts: int = 10
+    redelivery_full_jitter: bool = False  # Celery's retry_jitter: each wait drawn from [0, delay]
     dead_letter: bool | str = True
     dead_letter_queue_prefix: str = "DLQ."
     dead_letter_queue_suffix: str = ""
@@ -180,7 +186,7 @@ class RedeliveryPolicy:
         return compute_delay(
             n, delay=self.redelivery_delay, multiplier=self.redelivery_multiplier,
             cap=self.max_redelivery_delay, factor=self.redelivery_collision_avoidance_factor,
-            rng=rng or _default_rng)
+            rng=rng or _default_rng, full_jitter=self.redelivery_full_jitter)
 
     def is_retryable(self, exc: BaseException) -> bool:
         """``dead_letter_on`` wins over ``retry_on``."""
@@ -215,6 +221,7 @@ VALIDATORS = {
     "max_redelivery_delay": _optional_seconds,
     "redelivery_collision_avoidance_factor": _factor,
     "max_delivery_attempts": _attempts,
+    "redelivery_full_jitter": _flag,
     "dead_letter": _dead_letter,
     "dead_letter_queue_prefix": _string,
     "dead_letter_queue_suffix": _string,

@@ -12,13 +12,17 @@ import math
 import threading
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.matching import PatternMap, merge_fields
-from celery_dlq.policy import RedeliveryPolicy, validate_fields
+from celery_dlq.policy import FIELD_NAMES, RedeliveryPolicy, validate_fields
+from celery_dlq.tasklevel import TASK_POLICY, Level, is_task_level
+
+#: The origin ``celery dlq policy`` names for a field no level sets.
+BUILT_IN = "built-in default"
 
 DAY = 86400.0
 
@@ -138,29 +142,74 @@ class DLQSettings:
         """The Redis URL with any password masked, for logs and errors."""
         return maybe_sanitize_url(self.store_url) if self.store_url else "(no dlq_redis_url)"
 
+    def levels(self, task_name: str, queue: str | None,
+               task_levels: Iterable[Level] | Mapping[str, Any] = ()) -> list[Level]:
+        """Every level that may give ``task_name`` on ``queue`` a field, highest first, each ``(origin, fields)``.
+
+        The task's own levels (:func:`celery_dlq.tasklevel.task_levels`; a
+        plain mapping is taken as its ``redelivery_policy``), then
+        ``dlq_task_policies`` (by task name, most specific pattern first),
+        then ``dlq_queue_policies`` (by queue), then ``dlq_default_policy``.
+        """
+        if isinstance(task_levels, Mapping):
+            task_levels = [(TASK_POLICY, task_levels)]
+        levels = list(task_levels)
+        levels += [(f"dlq_task_policies[{pattern.text!r}]", fields)
+                   for pattern, fields in self.task_policies.matching_items(task_name)]
+        if queue is not None:
+            levels += [(f"dlq_queue_policies[{pattern.text!r}]", fields)
+                       for pattern, fields in self.queue_policies.matching_items(queue)]
+        levels.append(("dlq_default_policy", self.default_policy))
+        return levels
+
     def policy_for(self, task_name: str, queue: str | None,
-                   task_fields: Callable[[], Mapping[str, Any]] = dict) -> RedeliveryPolicy:
+                   task_levels: Callable[[], Iterable[Level] | Mapping[str, Any]] = list) -> RedeliveryPolicy:
         """The effective policy for a (task, queue) pair, computed once and cached.
 
-        Highest first, merged field by field: the task's own policy, then
-        ``dlq_task_policies`` (by task name), then ``dlq_queue_policies`` (by
-        queue), then ``dlq_default_policy``, then the field defaults.
+        Merged field by field, the highest level that sets a field winning
+        (:meth:`levels`), then the field defaults.
         """
         key = (task_name, queue)
         policy = self._cache.get(key)
         if policy is None:
-            layers = [task_fields(), *self.task_policies.matching(task_name)]
-            if queue is not None:
-                layers += self.queue_policies.matching(queue)
-            layers.append(self.default_policy)
-            where = f"policy for task {task_name!r} on queue {queue!r}"
-            try:
-                policy = RedeliveryPolicy(**merge_fields(layers))
-            except ConfigurationError as exc:
-                raise ConfigurationError(f"{where}: {exc}") from None
+            policy, _ = self.explain(task_name, queue, task_levels())
             with self._lock:
                 self._cache[key] = policy
         return policy
+
+    def explain(self, task_name: str, queue: str | None,
+                task_levels: Iterable[Level] | Mapping[str, Any] = ()) -> tuple[RedeliveryPolicy, dict[str, str]]:
+        """The effective policy and, for every field, the level it came from (``celery dlq policy``)."""
+        levels = self.levels(task_name, queue, task_levels)
+        merged = merge_fields(fields for _, fields in levels)
+        where = f"policy for task {task_name!r} on queue {queue!r}"
+        try:
+            policy = RedeliveryPolicy(**merged)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+        origins: dict[str, str] = {}
+        for origin, fields in levels:
+            for name in fields:
+                origins.setdefault(name, origin)
+        for name in FIELD_NAMES:
+            origins.setdefault(name, BUILT_IN)
+        if "max_redelivery_delay" not in merged:
+            origins["max_redelivery_delay"] = f"{BUILT_IN} (10 x redelivery_delay)"
+        return policy, origins
+
+    def capped_delays(self, task_name: str, queue: str | None, task_levels: Iterable[Level]) -> list[str]:
+        """Warnings for a task whose own ``redelivery_delay`` is cut by a ``max_redelivery_delay`` it did not set."""
+        levels = list(task_levels)
+        if not levels:
+            return []
+        policy, origins = self.explain(task_name, queue, levels)
+        delay_origin, cap_origin = origins["redelivery_delay"], origins["max_redelivery_delay"]
+        if not is_task_level(delay_origin) or is_task_level(cap_origin) \
+                or not policy.max_redelivery_delay < policy.redelivery_delay:
+            return []
+        return [f"task {task_name!r} on queue {queue!r}: redelivery_delay={policy.redelivery_delay:g} "
+                f"({delay_origin}) is capped to {policy.max_redelivery_delay:g} s by max_redelivery_delay "
+                f"from {cap_origin}; set max_redelivery_delay on the task to keep its delay"]
 
 
 def check_unknown(conf: Mapping[str, Any]) -> None:

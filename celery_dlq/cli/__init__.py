@@ -5,7 +5,7 @@ adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
 ``show``, ``replay``, ``purge``; ``replay --plan`` in
 :mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.parked` (``delayed``,
 ``redeliver``, ``stats``), :mod:`~celery_dlq.cli.analytics` (``export``,
-``report``), :mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web` (``web``). Printing is
+``report``), :mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web` (``web``), :mod:`~celery_dlq.cli.policy` (``policy``). Printing is
 :mod:`~celery_dlq.cli.output`.
 
 rich is imported only when something is printed, pyarrow only by ``export``
@@ -13,7 +13,7 @@ and ``replay --plan``, pyspark only by ``report``, prometheus-client only by
 ``exporter``: Celery imports every
 ``celery.commands`` plugin for every command, ``celery worker`` included.
 """
-from celery_dlq.cli import analytics, exporter, letters, parked, web  # noqa: F401  (each adds its verbs to the group)
+from celery_dlq.cli import analytics, exporter, letters, parked, policy, web  # noqa: F401  (each adds its verbs to the group)
 from celery_dlq.cli.base import dlq
 
 __all__ = ["dlq"]

@@ -49,6 +49,8 @@ class DeadLetterDiscards(bootsteps.StartStopStep):
         except ConfigurationError as exc:
             # One line naming the setting, exit status 1: not a traceback through Celery's bootsteps.
             raise SystemExit(f"celery-dlq: the worker cannot start: {exc}") from None
+        for warning in self.runtime.capped_delay_warnings():
+            logger.warning("celery-dlq: %s", warning)
         use_in_worker(c.app, self.runtime)   # before the Connection step connects
         c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)

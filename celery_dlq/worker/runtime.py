@@ -30,7 +30,7 @@ from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element, with_body
 from celery_dlq.message import Envelope, queue_of, with_task_arguments
-from celery_dlq.policy import RedeliveryPolicy, validate_fields
+from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
 from celery_dlq.redis.client import broker_client, broker_url, worker_client
 from celery_dlq.redis.counters import DeliveryCounters
@@ -39,6 +39,7 @@ from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
+from celery_dlq.tasklevel import task_levels
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.task_events import TaskEvents
 
@@ -73,13 +74,6 @@ class MessageContext:
 def is_managed(task: Any) -> bool:
     """Whether ``task`` is a celery-dlq task (a ``RedeliveryTask`` or a subclass)."""
     return bool(getattr(task, MANAGED, False))
-
-
-def task_policy_fields(task: Any) -> dict[str, Any]:
-    spec = getattr(task, "redelivery_policy", None) if task is not None else None
-    if spec is None:
-        return {}
-    return validate_fields(spec, f"task {getattr(task, 'name', task)!r} redelivery_policy")
 
 
 class Runtime:
@@ -121,11 +115,25 @@ class Runtime:
             for queue in queues:
                 self.policy(task, queue)
 
+    def capped_delay_warnings(self) -> list[str]:
+        """One line per registered task (and queue) whose own delay a cap it did not set cuts short."""
+        queues = list(self.app.amqp.queues) or [self.app.conf.task_default_queue]
+        warnings: list[str] = []
+        for task in list(self.app.tasks.values()):
+            if not is_managed(task):
+                continue
+            levels = task_levels(task)
+            for queue in queues:
+                for warning in self.settings.capped_delays(task.name, queue, levels):
+                    if warning not in warnings:
+                        warnings.append(warning)
+        return warnings
+
     def policy(self, task: Any, queue: str | None) -> RedeliveryPolicy:
         """The effective policy of ``task`` (a task object or a name) on ``queue``."""
         name = task if isinstance(task, str) else task.name
         task_obj = self.app.tasks.get(name) if isinstance(task, str) else task
-        return self.settings.policy_for(name, queue, lambda: task_policy_fields(task_obj))
+        return self.settings.policy_for(name, queue, lambda: task_levels(task_obj))
 
     def context(self, task: Any, message: Any, headers: Mapping[str, Any] | None = None) -> MessageContext:
         """The context of a consumed kombu ``message`` of ``task``; ``headers`` (default: the message's) give

@@ -188,6 +188,19 @@ def requeues_once(self):
     return "done"
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.celery_options", max_retries=1, autoretry_for=(ValueError,))
+def celery_options(self):
+    """Says its retries in Celery's own terms, with no redelivery_policy (docs/celery-options.md)."""
+    record(self)
+    raise ValueError("still failing")
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.waits_an_hour", redelivery_policy={"redelivery_delay": 3600})
+def waits_an_hour(self):
+    record(self)
+    raise ValueError("later")
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.sleeps")
 def sleeps(self, seconds=1.0):
     record(self)
