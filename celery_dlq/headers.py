@@ -127,6 +127,19 @@ def delivery_count_of(headers: Mapping[str, Any] | None) -> int:
     return max(count, 1)
 
 
+#: RabbitMQ's own count of a quorum-queue message's earlier, returned deliveries.
+BROKER_DELIVERY_COUNT = "x-delivery-count"
+
+
+def broker_delivery_count(headers: Mapping[str, Any] | None) -> int:
+    """How many times a quorum queue says it delivered this message before (``x-delivery-count``); 0 if unsaid."""
+    try:
+        count = int((headers or {}).get(BROKER_DELIVERY_COUNT) or 0)
+    except (TypeError, ValueError):
+        return 0
+    return max(count, 0)
+
+
 #: A count header above this is not believed even without a limit (UNLIMITED attempts).
 MAX_BELIEVED_COUNT = 1_000_000
 

@@ -273,6 +273,23 @@ def as_text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def instance_of(message: Any) -> str:
+    """What tells one broker message apart across its redeliveries, beside its task id.
+
+    On Redis, kombu's delivery tag (a restored message keeps it). On AMQP a
+    redelivery gets a new tag, so a hash of the body: two messages an
+    application sent under one task id are still counted apart, and a
+    message that kills its whole worker is counted across restarts.
+    """
+    tag = (getattr(message, "properties", None) or {}).get("delivery_tag")
+    if isinstance(tag, str) and tag:
+        return tag
+    body = getattr(message, "body", b"") or b""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    return "b" + hashlib.blake2b(body, digest_size=8).hexdigest()
+
+
 def was_redelivered(message: Any) -> bool:
     """Whether kombu delivered this very message instance before (restored it)."""
     return bool((getattr(message, "delivery_info", None) or {}).get("redelivered"))

@@ -23,7 +23,7 @@ from kombu.utils.url import maybe_sanitize_url
 from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
 from celery_dlq.headers import Reason
-from celery_dlq.message import was_redelivered
+from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
@@ -138,7 +138,7 @@ class RedeliveryRequest(Request):
             message = self._message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
             if was_redelivered(message) and self._dlq_context().policy.persist_delivery_count_before_delivery:
-                runtime_of(self.app).counters.forget(self.id, (message.properties or {}).get("delivery_tag"))
+                runtime_of(self.app).counters.forget(self.id, instance_of(message))
         except Exception:  # the counter expires on its own; never fail an ack for it
             logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,
                          exc_info=True)
@@ -310,9 +310,8 @@ class RedeliveryRequest(Request):
         ctx = self._dlq_context()
         if not ctx.policy.persist_delivery_count_before_delivery:
             return
-        tag = (self._message.properties or {}).get("delivery_tag")
         try:
-            runtime_of(self.app).counters.uncount([(self.id, tag, ctx.delivery)])
+            runtime_of(self.app).counters.uncount([(self.id, instance_of(self._message), ctx.delivery)])
         except Exception:  # at worst the requeued delivery counts as a new one: never lost
             logger.warning("celery-dlq: %s[%s] requeued itself, but its delivery count could not be taken back",
                            self.task.name, self.id, exc_info=True)

@@ -36,7 +36,7 @@ from kombu.utils.imports import symbol_by_name
 from celery_dlq import headers as H
 from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
-from celery_dlq.message import was_redelivered
+from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -113,13 +113,15 @@ def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, 
     """Persist this delivery; True when the message was dead-lettered instead of run."""
     headers = message.headers
     floor = ctx.delivery
-    tag = (message.properties or {}).get("delivery_tag")
+    tag = instance_of(message)
     count = floor
     if was_redelivered(message):
         try:
             count = runtime.counters.count(headers["id"], tag, floor)
         except Exception:
-            count = floor + 1  # it was delivered before: never grant it an extra attempt
+            # It was delivered before: never grant it an extra attempt. A quorum
+            # queue says how often (x-delivery-count); otherwise at least once.
+            count = floor + max(1, H.broker_delivery_count(headers))
             logger.exception("celery-dlq: could not persist the delivery count of %s[%s]; using %d",
                              headers.get("task"), headers.get("id"), count)
     headers[H.DELIVERY_COUNT] = count
@@ -176,7 +178,7 @@ def uncount_unstarted(runtime: Runtime) -> int:
         try:
             ctx = runtime.context(req.task, req._message)
             if ctx.policy.persist_delivery_count_before_delivery and not _waits_for_eta(req._message.headers or {}):
-                keys.append((req.id, (req._message.properties or {}).get("delivery_tag"), ctx.delivery))
+                keys.append((req.id, instance_of(req._message), ctx.delivery))
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:

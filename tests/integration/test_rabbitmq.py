@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 from celery import Celery
-from kombu import Connection
+from amqp.exceptions import NotFound
+from kombu import Connection, Queue
 
 from celery_dlq import headers as H
 
@@ -83,3 +85,58 @@ def test_redelivery_through_redis_and_dead_letters_on_rabbitmq(harness, rabbit):
     assert harness.redis.hget(stats, "parked") == b"3"  # flaky once, doomed twice: parked in Redis
     assert harness.redis.hget(stats, "dead_lettered") == b"1"
     assert harness.redis.zcard(f"{{{harness.prefix}}}:delayed") == 0
+
+
+def _dead_letters_if_any(queue: str) -> list:
+    try:
+        return get_dead_letters(queue)
+    except NotFound:   # the first dead letter declares the DLQ
+        return []
+
+
+def _restart_until_dead_lettered(harness, queue: str, restarts: int = 4) -> list:
+    """Start a worker, let the task kill it, start another, until the message is in ``DLQ.<queue>``."""
+    letters: list = []
+    for _ in range(restarts):
+        worker = harness.worker(concurrency=1)
+        deadline = time.monotonic() + 30
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            letters.extend(_dead_letters_if_any(queue))
+            if letters:
+                return letters
+            time.sleep(0.1)
+        worker.stop()
+    return letters + _dead_letters_if_any(queue)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_task_that_kills_its_whole_worker_is_counted_and_dead_lettered_on_rabbitmq(harness, rabbit, queue_type):
+    """AMQP gives a redelivered message a new delivery tag: the count is kept by task id and body."""
+    if queue_type == "quorum":
+        conf = json.loads(harness.extra_env["DLQ_TEST_CONF"])
+        conf["task_queues"] = {harness.queue: {"exchange": harness.queue, "routing_key": harness.queue,
+                                               "queue_arguments": {"x-queue-type": "quorum"}}}
+        harness.extra_env["DLQ_TEST_CONF"] = json.dumps(conf)
+        rabbit.conf.task_queues = [Queue(harness.queue, routing_key=harness.queue,
+                                         queue_arguments={"x-queue-type": "quorum"})]
+        with Connection(AMQP) as conn:
+            conn.default_channel.queue_declare(harness.queue, durable=True, auto_delete=False,
+                                              arguments={"x-queue-type": "quorum"})
+    killer = rabbit.send_task("proj.kills_worker", queue=harness.queue)
+    twin = rabbit.send_task("proj.noop", args=(1,), queue=harness.queue, task_id=killer.id)  # same id, other body
+    letters = _restart_until_dead_lettered(harness, harness.queue)
+    assert len(letters) == 1, [w.log()[-2000:] for w in harness.workers]
+    headers = letters[0].headers
+    assert headers["id"] == killer.id and headers["task"] == "proj.kills_worker"
+    assert headers[H.REASON] == "worker_lost"
+    assert headers[H.DELIVERY_COUNT] == 2      # max_delivery_attempts: 2, both used by the kills
+    kills = [d for d in harness.deliveries(killer.id) if d["task"] == "proj.kills_worker"]
+    assert [d["delivery"] for d in kills] == [1, 2]
+    if queue_type == "quorum":
+        assert headers.get("x-delivery-count") == 2, headers  # RabbitMQ's own count agrees
+    harness.wait_until(lambda: [d for d in harness.deliveries(twin.id) if d["task"] == "proj.noop"],
+                       timeout=30, message="the other message under the same id ran, uncounted by the kills")
+    # The last worker lives on: a parked retry goes back to this (quorum) queue through the mover.
+    flaky = rabbit.send_task("proj.flaky", args=(1,), queue=harness.queue)
+    harness.wait_until(lambda: len(harness.deliveries(flaky.id)) == 2, timeout=30, message="flaky redelivered")
+    assert [d["delivery"] for d in harness.deliveries(flaky.id)] == [1, 2]
