@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[dev,spark]'
+.venv/bin/python -m pip install -q -e '.[dev,spark,docs]'
 
 if ! command -v redis-server >/dev/null 2>&1; then
     echo "redis-server not found: installing it with apt-get" >&2

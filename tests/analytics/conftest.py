@@ -59,7 +59,7 @@ def redelivered(task_id, task, queue, at, digest):
                  payload_size=42, payload_hash=digest)
 
 
-#: The hand-built archive, in stream order (docs/analytics.md works the expected results out).
+#: The hand-built archive, in stream order (docs/analytics-reference.md works the expected results out).
 #: Messages: A, B (same payload p1: poison), C (succeeds after a redelivery), D (non-retryable),
 #: E (dead-lettered exactly at as_of - 7 d), F (later replayed), G (still parked), H (old),
 #: I (dropped). A's first failure is before UTC midnight, its dead letter after.

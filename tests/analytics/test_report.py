@@ -1,6 +1,6 @@
 """The report over the hand-built archive (conftest.HAND_BUILT), every number worked out by hand.
 
-Worked out in docs/analytics.md ("The hand-built archive"). as_of = 2024-03-15 12:00 UTC.
+Worked out in docs/analytics-reference.md ("The hand-built archive"). as_of = 2024-03-15 12:00 UTC.
 """
 from __future__ import annotations
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Run a subset of Celery's own integration suite twice: plain, and with every task a ``RedeliveryTask``.
+
+    python scripts/celery_suite.py [--tests t/integration/test_tasks.py ...] [-k EXPR] [--workdir DIR]
+
+Downloads the sdist of the Celery version installed here (the suite ships in
+it, under ``t/integration``), makes a virtualenv in the work directory with
+this checkout, the suite's own needs and pytest, starts a redis-server of its
+own on a free port (broker and result backend), then runs the chosen tests in
+two copies of the tree: as shipped, and with a ``celery_parameters`` fixture
+that makes ``celery_dlq:RedeliveryTask`` the app's task class (every
+``@shared_task`` then is one, and ``install()`` runs when they bind). Prints
+each side's counts and every test whose outcome differs. Not part of
+``scripts/test.sh``: the whole subset takes tens of minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TESTS = ["t/integration/test_tasks.py", "t/integration/test_inspect.py"]
+SUITE_NEEDS = ["pydantic", "pytest", "pytest-timeout", "pytest-rerunfailures", "redis"]
+SHIM = '''
+
+# --- added by celery-dlq's scripts/celery_suite.py: every task a RedeliveryTask ---
+@pytest.fixture(scope='session')
+def celery_parameters():
+    return {"task_cls": "celery_dlq:RedeliveryTask"}
+'''
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def celery_version() -> str:
+    import celery
+    return celery.__version__
+
+
+def prepare(workdir: Path) -> tuple[Path, Path, Path]:
+    """(venv python, plain tree, celery-dlq tree)."""
+    version = celery_version()
+    workdir.mkdir(parents=True, exist_ok=True)
+    sdist = workdir / f"celery-{version}.tar.gz"
+    if not sdist.exists():
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"celery=={version}", "-d", str(workdir)])
+    trees = []
+    for name in ("plain", "dlq"):
+        tree = workdir / name
+        if not tree.exists():
+            with tarfile.open(sdist) as tar:
+                tar.extractall(workdir / f"_{name}", filter="data")
+            shutil.move(str(workdir / f"_{name}" / f"celery-{version}"), tree)
+            shutil.rmtree(workdir / f"_{name}")
+            if name == "dlq":
+                conftest = tree / "t" / "integration" / "conftest.py"
+                conftest.write_text(conftest.read_text() + SHIM)
+        trees.append(tree)
+    venv = workdir / ".venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        run([sys.executable, "-m", "venv", str(venv)])
+        run([str(python), "-m", "pip", "install", "-q", str(ROOT), f"celery[redis]=={version}", *SUITE_NEEDS])
+    return python, trees[0], trees[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        result[name] = ("failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
+                        else "passed")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", nargs="+", default=DEFAULT_TESTS)
+    parser.add_argument("-k", dest="keyword", default=None)
+    parser.add_argument("--workdir", type=Path, default=ROOT / ".celery-suite")
+    args = parser.parse_args()
+    python, plain, dlq = prepare(args.workdir)
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    results = {}
+    try:
+        for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
+            subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
+            junit = args.workdir / f"{tree.name}.xml"
+            env = {"TEST_BROKER": f"redis://127.0.0.1:{port}/0", "TEST_BACKEND": f"redis://127.0.0.1:{port}/1",
+                   "PATH": "/usr/bin:/bin:/usr/local/bin"}
+            cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "celery.contrib.pytest",
+                   "-W", "ignore", f"--junitxml={junit}", "--timeout=120", *args.tests]
+            if args.keyword:
+                cmd += ["-k", args.keyword]
+            started = time.monotonic()
+            subprocess.run(cmd, cwd=tree, env=env)
+            results[name] = outcomes(junit)
+            counts = {k: sum(v == k for v in results[name].values()) for k in ("passed", "failed", "skipped")}
+            print(f"{name}: {counts} in {time.monotonic() - started:.0f} s", flush=True)
+    finally:
+        server.terminate()
+    plain_r, dlq_r = results["plain"], results["RedeliveryTask"]
+    differ = sorted(t for t in set(plain_r) | set(dlq_r) if plain_r.get(t) != dlq_r.get(t))
+    print(f"\n{len(differ)} test(s) differ:")
+    for test in differ:
+        print(f"  {test}: plain {plain_r.get(test)}, RedeliveryTask {dlq_r.get(test)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
