@@ -54,7 +54,6 @@ from typing import Any, Callable, Iterator
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
@@ -64,9 +63,10 @@ from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.message import as_text, decode_raw
 from celery_dlq.ops.operator import Operator
 from celery_dlq.redis import metrics as totals
-from celery_dlq.redis.client import broker_url
+from celery_dlq.redis.client import broker_url, open_client
 from celery_dlq.redis.store import to_ms
-from celery_dlq.settings import DLQSettings, client_url
+from celery_dlq.settings import DLQSettings
+from celery_dlq.urls import sanitize
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
 
 
 def _client(url: str, timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(client_url(url), socket_connect_timeout=timeout, socket_timeout=timeout)
+    return open_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
 class DLQCollector(Collector):
@@ -150,7 +150,7 @@ class DLQCollector(Collector):
         else:
             self.lists_readable = True
             if url != self.op.settings.redis_url:
-                self.where += f" and the broker's Redis at {maybe_sanitize_url(url)}"
+                self.where += f" and the broker's Redis at {sanitize(url)}"
         self._up: bool | None = None
 
     def describe(self) -> Iterator[Metric]:

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Callable, Iterable, Mapping
 
-from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.matching import PatternMap, merge_fields
 from celery_dlq.policy import FIELD_NAMES, RedeliveryPolicy, validate_fields
 from celery_dlq.tasklevel import TASK_POLICY, Level, is_task_level
+from celery_dlq.urls import canonical, is_sentinel, sanitize
 
 #: The origin ``celery dlq policy`` names for a field no level sets.
 BUILT_IN = "built-in default"
@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
     "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
+    "dlq_store_min_replicas": 0,    # WAIT for this many replicas after parks and moves (0: never)
+    "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -91,6 +93,8 @@ class DLQSettings:
     events_max_length: int
     fetch_transport: bool
     fetch_wait: float
+    store_min_replicas: int
+    store_replica_timeout: float
     default_policy: dict[str, Any]
     task_policies: PatternMap
     queue_policies: PatternMap
@@ -118,6 +122,8 @@ class DLQSettings:
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
             fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
+            store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),
+            store_replica_timeout=_positive("dlq_store_replica_timeout", get("dlq_store_replica_timeout")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
             task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
             queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),
@@ -140,7 +146,7 @@ class DLQSettings:
     @property
     def safe_redis_url(self) -> str:
         """The Redis URL with any password masked, for logs and errors."""
-        return maybe_sanitize_url(self.store_url) if self.store_url else "(no dlq_redis_url)"
+        return sanitize(self.store_url) if self.store_url else "(no dlq_redis_url)"
 
     def levels(self, task_name: str, queue: str | None,
                task_levels: Iterable[Level] | Mapping[str, Any] = ()) -> list[Level]:
@@ -233,6 +239,8 @@ def client_url(url: str) -> str:
     connects) and ``redis+socket://`` for a Unix socket; redis-py takes one
     URL and calls that scheme ``unix://``.
     """
+    if is_sentinel(url):
+        return url.strip()   # every sentinel counts: see celery_dlq.urls
     url = url.split(";")[0].strip()
     if url.startswith("redis+socket://"):
         url = "unix://" + url[len("redis+socket://"):].replace("virtual_host=", "db=")
@@ -240,14 +248,26 @@ def client_url(url: str) -> str:
 
 
 def _redis_url(conf: Mapping[str, Any]) -> str | None:
-    """``dlq_redis_url`` (validated), else the broker's URL when it is Redis, else None."""
+    """``dlq_redis_url`` (validated), else the broker's URL when it is Redis or Sentinel, else None.
+
+    A ``sentinel://`` URL comes back in its one-string form, with the
+    ``master_name`` (and sentinel password) of ``broker_transport_options``
+    folded in (:mod:`celery_dlq.urls`), so the store follows the master
+    through failovers.
+    """
+    options = conf.get("broker_transport_options") or {}
     url = conf.get("dlq_redis_url")
     if url is not None:
+        if is_sentinel(url):
+            return canonical(url, options)
         if not isinstance(url, str) or not client_url(url).startswith(REDIS_SCHEMES):
-            shown = maybe_sanitize_url(client_url(str(url)))
-            raise ConfigurationError(f"dlq_redis_url must be a redis://, rediss:// or unix:// URL, got {shown!r}")
+            shown = sanitize(client_url(str(url)))
+            raise ConfigurationError(
+                f"dlq_redis_url must be a redis://, rediss://, unix:// or sentinel:// URL, got {shown!r}")
         return client_url(url)
     broker = _broker(conf)
+    if is_sentinel(broker):
+        return canonical(broker, options)
     if isinstance(broker, str) and client_url(broker).startswith(REDIS_SCHEMES):
         return client_url(broker)
     return None
@@ -262,7 +282,7 @@ def _broker(conf: Mapping[str, Any]) -> Any:
 
 def _shown_broker(conf: Mapping[str, Any]) -> Any:
     broker = _broker(conf)
-    return maybe_sanitize_url(client_url(broker)) if isinstance(broker, str) else broker
+    return sanitize(client_url(broker)) if isinstance(broker, str) else broker
 
 
 def web_token(conf: Mapping[str, Any]) -> str | None:

@@ -1,33 +1,56 @@
-"""Redis connections: ours (``dlq_redis_url``) and the broker's, where DLQs are kombu lists."""
+"""Redis connections: ours (``dlq_redis_url``) and the broker's, where DLQs are kombu lists.
+
+A ``sentinel://`` URL (:mod:`celery_dlq.urls`) gives a client on the master
+the sentinels name: redis-py's Sentinel pool asks them again after a
+connection error, so a client finds the new master after a failover without
+a restart.
+"""
 from __future__ import annotations
 
 from typing import Any
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
+from redis.sentinel import Sentinel
 
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.settings import REDIS_SCHEMES, client_url
+from celery_dlq.urls import canonical, is_sentinel, parse, sanitize
+
+
+def open_client(url: str, **kwargs: Any) -> redis.Redis:
+    """A bytes client on ``url`` (Redis, or the master a Sentinel URL names), with redis-py ``kwargs``."""
+    if not is_sentinel(url):
+        return redis.Redis.from_url(client_url(url), **kwargs)
+    spec = parse(url)
+    sentinel_kwargs = {"socket_connect_timeout": kwargs.get("socket_connect_timeout", 5),
+                       "socket_timeout": 5}
+    if spec.sentinel_password is not None:
+        sentinel_kwargs["password"] = spec.sentinel_password
+    sentinel = Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(spec.master_name, db=spec.db, username=spec.username, password=spec.password,
+                               **kwargs)
 
 
 def connect(url: str) -> redis.Redis:
     """A bytes client that fails fast: an operator wants an error, not a hang."""
-    return redis.Redis.from_url(client_url(url), socket_connect_timeout=5, socket_timeout=30)
+    return open_client(url, socket_connect_timeout=5, socket_timeout=30)
 
 
 def worker_client(url: str) -> redis.Redis:
     """A bytes client for a worker: checks its connection when idle, waits as long as Redis takes."""
-    return redis.Redis.from_url(client_url(url), health_check_interval=30)
+    return open_client(url, health_check_interval=30)
 
 
 def broker_url(conf: Any) -> str:
-    """The broker URL of an app's ``conf``, when it is Redis; else :class:`BrokerNotSupported`."""
+    """The broker URL of an app's ``conf``, when it is Redis (or Sentinel); else :class:`BrokerNotSupported`."""
     url = conf.broker_write_url or conf.broker_url
     if isinstance(url, (list, tuple)):
         url = url[0] if url else None
+    if is_sentinel(url):
+        return canonical(url, conf.broker_transport_options or {})
     url = client_url(url) if isinstance(url, str) else url
     if not (isinstance(url, str) and url.startswith(REDIS_SCHEMES)):
-        shown = maybe_sanitize_url(url) if isinstance(url, str) else "amqp:// (Celery's default)"
+        shown = sanitize(url) if isinstance(url, str) else "amqp:// (Celery's default)"
         raise BrokerNotSupported(f"dead letters can only be managed on a Redis broker; the broker is {shown}")
     return url
 

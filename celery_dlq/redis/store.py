@@ -29,6 +29,7 @@ from celery_dlq.message import as_text as _text
 from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.metrics import Metric
+from celery_dlq.redis.replication import Replication
 from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class DelayedStore:
     """
 
     def __init__(self, client: Any, keys: Keys,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, replication: Replication | None = None) -> None:
         get_kwargs = getattr(client, "get_connection_kwargs", None)
         if get_kwargs is not None and get_kwargs().get("decode_responses"):
             raise ConfigurationError(
@@ -135,6 +136,8 @@ class DelayedStore:
         self.client = client
         self.keys = keys
         self.clock = clock
+        #: ``WAIT`` for replicas after parks and moves (``dlq_store_min_replicas``); None: never.
+        self.replication = replication
         self._scripts = Scripts(client)
 
     def _now_ms(self, now: float | None) -> int:
@@ -175,6 +178,12 @@ class DelayedStore:
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
                            self.keys.events)
+        if result == 3:
+            logger.warning("celery-dlq: did not park %s: its message is no longer unacknowledged (restored to "
+                           "its queue, or its fetch was lost in a failover); that copy carries on", entry_id)
+            return False
+        if result and self.replication is not None:
+            self.replication.confirm("park")
         return result > 0
 
     def move_due(self, lists: Sequence[str], limit: int = 100, events_max_length: int = 0,
@@ -195,6 +204,8 @@ class DelayedStore:
             "move_due", [*k.store_keys(), k.stats, k.events, k.expiries, *lists],
             [to_ms(now_s), int(limit), int(events_max_length), int(now_s * 1_000_000), counter])
         moved, left = int(reply[0]), int(reply[1])
+        if moved and self.replication is not None:
+            self.replication.confirm("move")
         if moved:   # redelivered_total per (queue, task): the script returns the counts, fields are built here
             pipe = self.client.pipeline(transaction=False)
             for i in range(2, len(reply), 3):

@@ -13,7 +13,6 @@ import os
 from typing import Any, Iterable
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -22,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
+from celery_dlq.urls import sanitize
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops.operator import Operator
 from celery_dlq.settings import web_token
@@ -61,7 +61,7 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), token: str | 
     app.state.op, app.state.access, app.state.jobs = op, access, Jobs()
     app.state.read_only, app.state.refresh = read_only, refresh
     app.state.where = {"dlq_redis_url": op.settings.safe_redis_url,
-                       "broker": maybe_sanitize_url(str(celery_app.conf.broker_url or ""))}
+                       "broker": sanitize(str(celery_app.conf.broker_url or ""))}
     app.state.templates = templates()
     return app
 

@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 from celery import bootsteps
-from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
 from celery_dlq.headers import Reason
@@ -71,7 +70,7 @@ class MoverThread(threading.Thread):
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
-                                 maybe_sanitize_url(self.runtime.settings.redis_url), wait)
+                                 self.runtime.settings.safe_redis_url, wait)
 
     def move_due(self) -> int:
         """Move every due entry now, a batch per round trip; returns how many were moved or published.
@@ -270,7 +269,7 @@ class Mover(bootsteps.StartStopStep):
         self.thread = MoverThread(c.app, self.runtime, getattr(c, "hostname", "") or "")
         self.thread.start()
         logger.info("celery-dlq mover: moving due messages every %.2fs from redis %s",
-                    self.runtime.settings.mover_interval, maybe_sanitize_url(self.runtime.settings.redis_url))
+                    self.runtime.settings.mover_interval, self.runtime.settings.safe_redis_url)
 
     def stop(self, c: Any) -> None:
         if self.thread is not None:

@@ -18,7 +18,6 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from celery.utils.serialization import UnpickleableExceptionWrapper
 from celery.worker.request import Request
 from celery.worker.state import task_ready
-from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
@@ -273,7 +272,7 @@ class RedeliveryRequest(Request):
         timer = runtime.timer
         logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
                          "unacknowledged, %s", what, self.name, self.id,
-                         maybe_sanitize_url(runtime.settings.redis_url),
+                         runtime.settings.safe_redis_url,
                          f"trying again in {delay:.0f}s" if timer is not None else "for the broker to deliver again")
         task_ready(self)
         if timer is not None:

@@ -36,6 +36,7 @@ from celery_dlq.redis.client import broker_client, broker_url, worker_client
 from celery_dlq.redis.counters import DeliveryCounters
 from celery_dlq.redis.keys import Keys, QueueLists
 from celery_dlq.redis.scripts import Scripts
+from celery_dlq.redis.replication import Replication
 from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
@@ -150,7 +151,9 @@ class Runtime:
         self._client = worker_client(settings.redis_url)
         self.keys = Keys(settings.key_prefix, settings.global_keyprefix)
         scripts = Scripts(self._client)
-        self._store = DelayedStore(self._client, self.keys)
+        replication = (Replication(self._client, settings.store_min_replicas, settings.store_replica_timeout)
+                       if settings.store_min_replicas else None)
+        self._store = DelayedStore(self._client, self.keys, replication=replication)
         self._counters = DeliveryCounters(self._client, self.keys, scripts, settings.delivery_count_ttl)
         self._archive = EventLog(self._client, self.keys, settings.events_max_length)
         self._deadletterer = DeadLetterer(self.app, self._client, self.keys, audit_ttl=settings.audit_ttl,

@@ -357,7 +357,8 @@ class SocketTransport(Transport):
 
 #: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
 TRANSPORT, SOCKET_TRANSPORT = f"{__name__}:Transport", f"{__name__}:SocketTransport"
-_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+SENTINEL_TRANSPORT = "celery_dlq.worker.sentinel:SentinelTransport"
+_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
 
 
 def use_in_worker(app: Any, runtime: Any) -> bool:
@@ -371,7 +372,8 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
     kombu's own transport by name).
     """
     conf = app.conf
-    if not runtime.settings.fetch_transport or conf.broker_transport not in (None, "", "redis", "rediss"):
+    if not runtime.settings.fetch_transport or conf.broker_transport not in (None, "", "redis", "rediss",
+                                                                              "sentinel"):
         return False
     urls = {name: conf.get(name) for name in ("broker_url", "broker_read_url")}
     if not isinstance(urls["broker_url"], str) or not urls["broker_url"].startswith(_REDIS_SCHEMES):
@@ -381,7 +383,8 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
         if isinstance(url, str) and url.startswith("redis+socket://"):
             conf[name] = ";".join(part.strip().replace("redis+socket://", "socket://", 1)
                                   for part in url.split(";"))
-    conf.broker_transport = SOCKET_TRANSPORT if socket_url else TRANSPORT
+    sentinel = urls["broker_url"].startswith("sentinel://")
+    conf.broker_transport = SENTINEL_TRANSPORT if sentinel else SOCKET_TRANSPORT if socket_url else TRANSPORT
     conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
                                      OPTION_PREFIX: runtime.settings.key_prefix,
                                      OPTION_WAIT: runtime.settings.fetch_wait}

@@ -26,7 +26,8 @@
 --           dead-letters an entry whose expiry passed instead of moving it
 -- ARGV[9], ARGV[10], ... = the event's field, value pairs
 --
--- Returns 0 when entry_id is already parked or leased (nothing changes: a
+-- Returns 3 when ARGV[6] names a message that is no longer unacknowledged and nothing is parked,
+-- 0 when entry_id is already parked or leased (nothing changes: a
 -- redelivered failure must not park, or count, twice), 1 when parked, 2 when
 -- parked but the event could not be archived (the archive never fails a
 -- park: its error is reported, not raised). One round trip parks, counts and
@@ -34,9 +35,16 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    redis.call('HDEL', KEYS[10], ARGV[6])
+    local held = redis.call('HDEL', KEYS[10], ARGV[6])
     redis.call('ZREM', KEYS[11], ARGV[6])
     redis.call('SREM', KEYS[12], ARGV[6])
+    if held == 0 and not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
+            or redis.call('HEXISTS', KEYS[3], id) == 1) then
+        -- The consumed message is no longer unacknowledged: restored to its queue (visibility timeout, a
+        -- reconnect) or its fetch was lost with a failed-over master. That copy carries on; parking another
+        -- would fork a second chain of deliveries.
+        return 3
+    end
 end
 if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
         or redis.call('HEXISTS', KEYS[3], id) == 1 then
