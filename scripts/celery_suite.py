@@ -71,7 +71,7 @@ def prepare(workdir: Path) -> tuple[Path, Path, Path]:
     python = venv / "bin" / "python"
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
-        run([str(python), "-m", "pip", "install", "-q", str(ROOT), f"celery[redis]=={version}", *SUITE_NEEDS])
+        run([str(python), "-m", "pip", "install", "-q", "-e", str(ROOT), f"celery[redis]=={version}", *SUITE_NEEDS])
     return python, trees[0], trees[1]
 
 

@@ -9,6 +9,7 @@ the original message before it is acknowledged.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -45,6 +46,43 @@ class Redeliver(Retry):
 
     def __reduce__(self):
         return self.__class__, (self.message or str(self), None, self.when, self.failure, self.arguments)
+
+
+def retry_arguments(run: Any, old_args: Any, old_kwargs: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """The arguments of a retry, as Celery's ``Task.retry`` computes them (celery#6494).
+
+    A side not given is inherited from the request, less what would conflict
+    with the new calling convention: new ``args`` drop inherited kwargs of the
+    positional parameters they fill; new ``kwargs`` replace inherited
+    positional arguments of the same name.
+    """
+    if (args is not None and kwargs is None and old_kwargs) or \
+            (kwargs is not None and args is None and old_args):
+        try:
+            signature = inspect.signature(run)
+        except (TypeError, ValueError):
+            signature = None   # the task's own argument checks decide
+        if signature is not None and args is not None:
+            positional = [p for p in signature.parameters.values()
+                          if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                        inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            kwargs = dict(old_kwargs)
+            for p in positional[:len(args)]:
+                if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                    kwargs.pop(p.name, None)
+        elif signature is not None:
+            try:
+                bound = signature.bind_partial(*old_args)
+            except TypeError:
+                bound = None
+            if bound is not None:
+                kwargs = dict(kwargs)
+                for name in list(kwargs):
+                    if name in bound.arguments and \
+                            signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                        bound.arguments[name] = kwargs.pop(name)
+                args, kwargs = bound.args, {**bound.kwargs, **kwargs}
+    return (old_args if args is None else args), (old_kwargs if kwargs is None else kwargs)
 
 
 class RedeliveryTask(Task):
@@ -150,6 +188,6 @@ class RedeliveryTask(Task):
             {"type": "celery.exceptions.Retry", "message": "retry requested by the task", "traceback": ""}
         arguments = None
         if args is not None or kwargs is not None:
-            arguments = (list(request.args or ()) if args is None else list(args),
-                         dict(request.kwargs or {}) if kwargs is None else dict(kwargs))
+            new_args, new_kwargs = retry_arguments(self.run, request.args or (), request.kwargs or {}, args, kwargs)
+            arguments = (list(new_args), dict(new_kwargs))
         raise Redeliver(exc=exc, when=when, failure=failure, arguments=arguments)

@@ -284,3 +284,16 @@ def test_with_arguments_compresses_again_a_compressed_message():
     out = Runtime(Celery(set_as_current=False)).with_arguments(original, [2], {})
     assert out.headers["compression"] == "application/x-gzip"
     assert json.loads(decompress(out.body, "application/x-gzip")) == [[2], {}, {}]
+
+
+def test_retry_with_only_args_or_only_kwargs_switches_the_calling_convention_as_celery_does():
+    from celery_dlq.worker.task import retry_arguments
+
+    def run(foo, bar, label=None):
+        pass
+
+    # Celery's t/integration test_retry_switches_from_args_to_kwargs and _from_kwargs_to_args.
+    assert retry_arguments(run, (1, 2), {}, None, {"foo": 2}) == ((2, 2), {})
+    assert retry_arguments(run, (), {"foo": 1, "bar": 2}, (2, 3), None) == ((2, 3), {})
+    assert retry_arguments(run, (1,), {"bar": 2}, None, None) == ((1,), {"bar": 2})
+    assert retry_arguments(run, (1, 2), {"label": "x"}, (5,), None) == ((5,), {"label": "x"})
