@@ -34,7 +34,7 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from bench.common import RedisServer, machine, parser, redis_server_version  # noqa: E402
+from bench.common import RedisServer, machine, parser, redis_server_version, timed_runs  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.metrics import DLQCollector, serve  # noqa: E402
 from celery_dlq.redis.keys import Keys  # noqa: E402
@@ -104,17 +104,6 @@ def add_unrelated_keys(client: redis.Redis, n: int) -> None:
     pipe.execute()
 
 
-def timed(scrape, n: int) -> list[float]:
-    scrape()   # warm up: connections, imports
-    scrape()
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        scrape()
-        times.append((time.perf_counter() - started) * 1000)
-    return times
-
-
 def check(text: str, dlqs: int, depth: int) -> None:
     """The scrape reports what was pushed: a benchmark of a wrong answer is worthless."""
     total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -155,7 +144,7 @@ def main() -> None:
         registry = CollectorRegistry()
         registry.register(DLQCollector(app))
         check(generate_latest(registry).decode(), args.dlqs, args.depth)
-        results = [("collect + text format, in process", timed(lambda: generate_latest(registry), args.scrapes))]
+        results = [("collect + text format, in process", timed_runs(lambda: generate_latest(registry), args.scrapes))]
 
         exporter = serve(app, port=0)
         host, port = exporter.address
@@ -166,14 +155,14 @@ def main() -> None:
                 return response.read()
 
         check(http().decode(), args.dlqs, args.depth)
-        results.append(("GET /metrics", timed(http, args.scrapes)))
+        results.append(("GET /metrics", timed_runs(http, args.scrapes)))
         add_unrelated_keys(client, 200_000)
         results.append((f"GET /metrics, +200,000 unrelated keys ({client.dbsize():,} in all)",
-                        timed(http, args.scrapes)))
+                        timed_runs(http, args.scrapes)))
         scanning = CollectorRegistry()
         scanning.register(DLQCollector(app, discover_every=0))
         results.append(("the same, a scrape that SCANs for DLQs (once a minute)",
-                        timed(lambda: generate_latest(scanning), args.scrapes)))
+                        timed_runs(lambda: generate_latest(scanning), args.scrapes)))
         print(f"\n{args.dlqs} DLQs x {args.depth:,} dead letters, {args.scrapes} scrapes each; "
               f"target: median < {TARGET_MS:.0f} ms\n")
         print("| scrape | median ms | min ms | max ms | target |\n|---|---|---|---|---|")

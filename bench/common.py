@@ -191,6 +191,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.01
     return time.monotonic()
 
 
+def timed_call(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()``'s result and the wall time it took, in milliseconds."""
+    started = time.perf_counter()
+    result = fn()
+    return result, (time.perf_counter() - started) * 1000
+
+
+def timed_runs(fn: Callable[[], Any], n: int, warmup: int = 2) -> list[float]:
+    """Milliseconds of ``n`` calls of ``fn``, after ``warmup`` calls not counted (connections, imports)."""
+    for _ in range(warmup):
+        fn()
+    return [timed_call(fn)[1] for _ in range(n)]
+
+
 def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
 

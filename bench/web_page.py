@@ -31,7 +31,7 @@ import redis  # noqa: E402
 import uvicorn  # noqa: E402
 from celery import Celery  # noqa: E402
 
-from bench.common import RedisServer, machine, parser, redis_server_version  # noqa: E402
+from bench.common import RedisServer, machine, parser, redis_server_version, timed_call  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.web import create_app  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
@@ -110,10 +110,9 @@ def main() -> None:
             for _ in range(args.rounds + 2):  # two warm-up rounds, not counted
                 for name, path in pages(args.depth).items():
                     for side in sides:
-                        started = time.perf_counter()
-                        response = http.get(f"/dlq/DLQ.{side}" + path.replace("{id}", ids[side])
-                                            .replace("{mid}", str(sides[side] // 2)))
-                        elapsed = (time.perf_counter() - started) * 1000
+                        target = f"/dlq/DLQ.{side}" + path.replace("{id}", ids[side]).replace(
+                            "{mid}", str(sides[side] // 2))
+                        response, elapsed = timed_call(lambda: http.get(target))
                         assert response.status_code == 200, (name, side, response.status_code)
                         assert ('id="task-id"' if "letters/" in path else 'class="letter"') in response.text
                         times.setdefault((name, side), []).append(elapsed)

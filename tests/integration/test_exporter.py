@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_dlq import headers as H
 from celery_dlq.redis.keys import Keys, QueueLists
 from tests.integration.conftest import ROOT
+from tests.processes import ServerProcess, wait_for
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -38,43 +38,17 @@ def get(url: str, timeout: float = 10, **headers: str) -> tuple[str, str]:
         return response.headers["Content-Type"], response.read().decode()
 
 
-def wait_for(predicate, timeout: float, message: str, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {message}" + (f"\n{log.read_text()[-4000:]}" if log else ""))
-        time.sleep(0.2)
-
-
-class ExporterProcess:
+class ExporterProcess(ServerProcess):
     """``celery -A tests.integration.ops_app dlq exporter --port <free>``, as an operator starts it."""
 
     def __init__(self, env: dict, log: Path) -> None:
-        self.port, self.env, self.log = free_port(), env, log
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> ExporterProcess:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", "exporter",
-                 "--port", str(self.port)], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        wait_for(self._answers, 30, "the exporter to answer", self.log)
-        return self
-
-    def _answers(self) -> bool:
-        assert self.proc.poll() is None, f"the exporter exited:\n{self.log.read_text()[-4000:]}"
-        try:
-            get(self.url, timeout=2)
-        except (urllib.error.URLError, ConnectionError):
-            return False
-        return True
+        super().__init__(lambda port: [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq",
+                                       "exporter", "--port", str(port)],
+                         env, log, ready="/metrics", what="the exporter")
+        self.url = f"{self.base}/metrics"
 
     def text(self) -> str:
-        assert self.proc.poll() is None, f"the exporter exited:\n{self.log.read_text()[-4000:]}"
+        self.alive()
         return get(self.url)[1]
 
     def scrape(self) -> dict[tuple[str, tuple], float]:
@@ -85,15 +59,6 @@ class ExporterProcess:
                 samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
         return samples
 
-    def stop(self) -> int | None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode if self.proc else None
 
 
 def ops_env(broker: str, queue: str, prefix: str) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -19,43 +18,28 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq.worker.task_events import DEAD_LETTERED, REDELIVERY_SCHEDULED
-from tests.integration.conftest import ROOT, Worker
-from tests.redis_server import free_port
+from tests.integration.conftest import Worker
+from tests.processes import ServerProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
 AUTH = ("ops", "flower-test")
 
 
-class Flower:
+class Flower(ServerProcess):
     """``celery -A tests.integration.proj flower --port P --address 127.0.0.1``, with basic auth."""
 
     def __init__(self, env: dict, log: Path) -> None:
-        self.port, self.env, self.log = free_port(), env, log
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Flower:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "flower", f"--port={self.port}",
-                 "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        wait_for(lambda: self._get_or_none("/healthcheck") == "OK", 60, "Flower to answer", self.log)
-        return self
+        super().__init__(lambda port: [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "flower",
+                                       f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"],
+                         env, log, ready="/healthcheck", what="Flower", timeout=60)
 
     def get(self, path: str) -> str:
-        assert self.proc.poll() is None, f"Flower exited:\n{self.log.read_text()[-4000:]}"
+        self.alive()
         token = base64.b64encode(":".join(AUTH).encode()).decode()
         request = urllib.request.Request(self.base + path, headers={"Authorization": f"Basic {token}"})
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.read().decode()
-
-    def _get_or_none(self, path: str) -> str | None:
-        try:
-            return self.get(path)
-        except (urllib.error.URLError, ConnectionError):
-            return None
 
     def task(self, task_id: str) -> dict | None:
         try:
@@ -78,14 +62,6 @@ class Flower:
         return any(sample.name == "flower_worker_online" and sample.labels["worker"] == worker and sample.value == 1
                    for family in text_string_to_metric_families(self.get("/metrics")) for sample in family.samples)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class EventTap:
@@ -118,17 +94,6 @@ class EventTap:
         self._thread.join(timeout=10)
 
 
-def wait_for(predicate, timeout: float, message: str, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {message}" + (f"\n{log.read_text()[-4000:]}" if log else ""))
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def flower(harness):
     started = Flower(harness.env(), harness.tmp_path / "flower.log").start()
@@ -155,7 +120,7 @@ def test_flower_shows_a_dead_lettered_task_with_its_dlq_and_reason(harness, flow
     events_worker(harness)
     name = f"w1@{socket.gethostname()}"
     wait_for(lambda: tap.of_worker(name) and flower.worker_online(name), 60,
-             "Flower and the tap to hear from the worker", flower.log)
+             "Flower and the tap to hear from the worker", flower.log_path)
     dlq = f"DLQ.{harness.queue}"
     fails = harness.send("proj.always_fails", args=(7,))        # 3 deliveries, 2 parked, then dead-lettered
     refused = harness.send("proj.not_retryable")                # KeyError: dead-lettered at once
@@ -163,12 +128,12 @@ def test_flower_shows_a_dead_lettered_task_with_its_dlq_and_reason(harness, flow
 
     # Flower's task view: state FAILURE, and the exception says where the message went and why.
     info = wait_for(lambda: (t := flower.task(fails.id)) and t["state"] == "FAILURE" and t, 30,
-                    "Flower to see the task fail", flower.log)
+                    "Flower to see the task fail", flower.log_path)
     assert info["exception"] == (f"ValueError('always fails #7') [celery-dlq: dead-lettered to {dlq}, "
                                  f"reason max_delivery_attempts, delivery 3]")
     assert info["name"] == "proj.always_fails" and info["worker"] == name
     info = wait_for(lambda: (t := flower.task(refused.id)) and t["state"] == "FAILURE" and t, 30,
-                    "Flower to see the second task fail", flower.log)
+                    "Flower to see the second task fail", flower.log_path)
     assert info["exception"] == (f"KeyError('missing') [celery-dlq: dead-lettered to {dlq}, "
                                  f"reason non_retryable, delivery 1]")
     # Flower keeps Celery's own task fields only: the custom event's fields are merged into its State
@@ -182,7 +147,7 @@ def test_flower_shows_a_dead_lettered_task_with_its_dlq_and_reason(harness, flow
 
     # Flower received the custom events themselves (its /metrics counts them per type and task).
     counts = wait_for(lambda: (c := flower.events_total()).get((DEAD_LETTERED, "proj.always_fails")) and c, 30,
-                      "Flower to count task-dead-lettered", flower.log)
+                      "Flower to count task-dead-lettered", flower.log_path)
     assert counts[(DEAD_LETTERED, "proj.always_fails")] == 1
     assert counts[(DEAD_LETTERED, "proj.not_retryable")] == 1
     assert counts[(REDELIVERY_SCHEDULED, "proj.always_fails")] == 2

@@ -97,8 +97,10 @@ def _dead_letters_if_any(queue: str) -> list:
 def _restart_until_dead_lettered(harness, queue: str, restarts: int = 4) -> list:
     """Start a worker, let the task kill it, start another, until the message is in ``DLQ.<queue>``."""
     letters: list = []
-    for _ in range(restarts):
-        worker = harness.worker(concurrency=1)
+    for i in range(restarts):
+        # A name per start: the shared RabbitMQ keeps each worker's exclusive pidbox queue until it notices
+        # the killed one's connection is gone, and the other parametrization may run at the same time.
+        worker = harness.worker(concurrency=1, name=f"k{i}-{harness.queue}")
         deadline = time.monotonic() + 30
         while worker.proc.poll() is None and time.monotonic() < deadline:
             letters.extend(_dead_letters_if_any(queue))

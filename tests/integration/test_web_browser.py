@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,49 +20,24 @@ import pytest
 from celery import Celery
 
 from celery_dlq.manage import Operator
-from tests.integration.conftest import ROOT
 from tests.integration.test_operator import fabricate
-from tests.redis_server import free_port
+from tests.processes import ServerProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "alice", "wonder-land"
 
 
-class WebServer:
+class WebServer(ServerProcess):
     """`celery -A tests.integration.ops_app dlq web` on a free port, logging to a file."""
 
     def __init__(self, harness, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = harness.tmp_path / "web.log"
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", "web",
-             "--port", str(self.port), "--basic-auth", f"{USER}:{PASSWORD}", "--refresh", "0", *args],
-            cwd=ROOT, env=harness.env(), stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(self.url + "/login", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"celery dlq web did not come up:\n{self.log()}")
-            time.sleep(0.1)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+        super().__init__(lambda port: [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq",
+                                       "web", "--port", str(port), "--basic-auth", f"{USER}:{PASSWORD}",
+                                       "--refresh", "0", *args],
+                         harness.env(), harness.tmp_path / "web.log", ready="/login", what="celery dlq web")
+        self.url = self.base
+        self.start()
 
 
 @pytest.fixture
@@ -91,17 +65,6 @@ def browser():
     driver.implicitly_wait(5)
     yield driver
     driver.quit()
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition", logs: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{logs[-3000:]}")
-        time.sleep(0.1)
 
 
 def shot_dir(tmp_path: Path) -> Path:
@@ -149,7 +112,7 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         driver.find_element(By.ID, "user").send_keys(USER)
         driver.find_element(By.ID, "password").send_keys(PASSWORD)
         click(driver, driver.find_element(By.ID, "login"))
-        wait_for(lambda: driver.find_elements(By.ID, "queues"), what="the overview")
+        wait_for(lambda: driver.find_elements(By.ID, "queues"), message="the overview")
         overview = driver.find_element(By.ID, "queues").text
         assert re.search(rf"{re.escape(dlq)} {harness.queue} 5 1 \d+s ago", overview), overview
         driver.save_screenshot(str(shot_dir(tmp_path) / "web-overview.png"))
@@ -166,14 +129,14 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         click(driver, driver.find_element(By.ID, "replay-matching"))
         assert "3 dead letters to their original queue" in driver.find_element(By.ID, "count").text
         click(driver, driver.find_element(By.ID, "confirm"))
-        result = wait_for(lambda: driver.find_elements(By.ID, "result"), what="the replay's result")[0]
+        result = wait_for(lambda: driver.find_elements(By.ID, "result"), message="the replay's result")[0]
         assert (result.get_attribute("data-done"), result.get_attribute("data-missing")) == ("3", "0")
 
         def succeeded() -> bool:
             metas = [harness.redis.get(f"celery-task-meta-{task_id}") for task_id in fixed]
             return all(meta and json.loads(meta)["status"] == "SUCCESS" for meta in metas)
 
-        wait_for(succeeded, what="the worker to run the replayed tasks", logs=worker.log())
+        wait_for(succeeded, message="the worker to run the replayed tasks", log=worker.log())
         for task_id in fixed:  # failed twice, then replayed: delivery 1 again, and it succeeded
             assert [r["delivery"] for r in harness.deliveries(task_id)] == [1, 2, 1]
         assert all(json.loads(harness.redis.get(f"celery-task-meta-{i}"))["result"] == 1 for i in fixed)
@@ -190,7 +153,7 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         click(driver, driver.find_element(By.ID, "purge-one"))
         assert "delete for good 1 dead letter" in driver.find_element(By.ID, "count").text
         click(driver, driver.find_element(By.ID, "confirm"))
-        result = wait_for(lambda: driver.find_elements(By.ID, "result"), what="the purge's result")[0]
+        result = wait_for(lambda: driver.find_elements(By.ID, "result"), message="the purge's result")[0]
         assert result.get_attribute("data-done") == "1"
         click(driver, driver.find_element(By.ID, "back"))
         assert rows(driver) == [(failing[1], "proj.always_fails")]
@@ -229,7 +192,7 @@ def test_replaying_ten_thousand_from_the_page_answers_at_once_and_finishes_in_th
                 html = http.get(posted.headers["location"]).text
                 return re.search(r'data-done="(\d+)" data-missing="(\d+)" data-failed="(\d+)"', html)
 
-            result = wait_for(finished, timeout=120, what="the replay job", logs=server.log())
+            result = wait_for(finished, timeout=120, message="the replay job", log=server.log())
             took = time.monotonic() - started
         print(f"POST answered in {answered:.2f} s; 10,000 replayed in {took:.1f} s")
         assert tuple(map(int, result.groups())) == (10_000, 0, 0)

@@ -25,11 +25,11 @@ def explain(app, task, queue="celery"):
 
 
 def test_only_options_the_task_sets_count_not_celerys_class_defaults(app):
-    @app.task(base=RedeliveryTask, name="shop.plain")
+    @app.task(base=RedeliveryTask, shared=False, name="shop.plain")
     def plain():
         pass
 
-    @app.task(base=RedeliveryTask, name="shop.own", max_retries=None, default_retry_delay=30)
+    @app.task(base=RedeliveryTask, shared=False, name="shop.own", max_retries=None, default_retry_delay=30)
     def own():
         pass
 
@@ -44,7 +44,7 @@ def test_only_options_the_task_sets_count_not_celerys_class_defaults(app):
 
 
 def test_retry_backoff_maps_to_a_doubling_delay_capped_with_full_jitter_as_celery_computes(app):
-    @app.task(base=RedeliveryTask, name="shop.backoff", retry_backoff=2, retry_backoff_max=50, max_retries=5)
+    @app.task(base=RedeliveryTask, shared=False, name="shop.backoff", retry_backoff=2, retry_backoff_max=50, max_retries=5)
     def backoff():
         pass
 
@@ -59,7 +59,7 @@ def test_retry_backoff_maps_to_a_doubling_delay_capped_with_full_jitter_as_celer
 
 
 def test_an_explicit_redelivery_policy_wins_over_celery_options_field_by_field(app):
-    @app.task(base=RedeliveryTask, name="shop.both", max_retries=1, default_retry_delay=9,
+    @app.task(base=RedeliveryTask, shared=False, name="shop.both", max_retries=1, default_retry_delay=9,
               redelivery_policy={"max_delivery_attempts": 6})
     def both():
         pass
