@@ -44,6 +44,20 @@ if ! command -v java >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+# RabbitMQ on 127.0.0.1:5672 (guest/guest) for the cross-broker tests: started (installed with apt-get
+# when absent) if nothing listens there; if it cannot be had, those tests skip and say why.
+if ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+        echo "rabbitmq-server not found: installing it with apt-get (the RabbitMQ tests)" >&2
+        { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rabbitmq-server; } >/dev/null 2>&1 || true
+    fi
+    if command -v rabbitmq-server >/dev/null 2>&1; then
+        $SUDO rabbitmq-server -detached >/dev/null 2>&1 || true
+        for _ in $(seq 60); do (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break; sleep 1; done
+    fi
+fi
+
 # Import layering (pyproject.toml [tool.importlinter]); tests/unit/test_layers.py checks it too.
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 
