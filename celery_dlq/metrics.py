@@ -110,7 +110,7 @@ def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
     no broker client and the DLQ gauges are left out.
     """
     settings = DLQSettings.from_conf(app.conf)
-    client = _client(settings.redis_url, timeout)
+    client = _client(settings.redis_url, timeout, settings.redis_cluster)
     try:
         url = broker_url(app.conf)
     except BrokerNotSupported:
@@ -118,8 +118,8 @@ def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
     return Operator(app, client=client, broker=client if url == settings.redis_url else _client(url, timeout))
 
 
-def _client(url: str, timeout: float) -> redis.Redis:
-    return open_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+def _client(url: str, timeout: float, cluster: bool = False) -> redis.Redis:
+    return open_client(url, cluster, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
 class DLQCollector(Collector):

@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
     "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
+    "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
     "dlq_store_min_replicas": 0,    # WAIT for this many replicas after parks and moves (0: never)
     "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
 }
@@ -93,6 +94,7 @@ class DLQSettings:
     events_max_length: int
     fetch_transport: bool
     fetch_wait: float
+    redis_cluster: bool
     store_min_replicas: int
     store_replica_timeout: float
     default_policy: dict[str, Any]
@@ -122,6 +124,7 @@ class DLQSettings:
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
             fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
+            redis_cluster=_cluster(conf, _flag("dlq_redis_cluster", get("dlq_redis_cluster"))),
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),
             store_replica_timeout=_positive("dlq_store_replica_timeout", get("dlq_store_replica_timeout")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
@@ -271,6 +274,15 @@ def _redis_url(conf: Mapping[str, Any]) -> str | None:
     if isinstance(broker, str) and client_url(broker).startswith(REDIS_SCHEMES):
         return client_url(broker)
     return None
+
+
+def _cluster(conf: Mapping[str, Any], on: bool) -> bool:
+    """``dlq_redis_cluster`` needs a store of its own: a ``redis://`` or ``rediss://`` ``dlq_redis_url``."""
+    url = conf.get("dlq_redis_url")
+    if on and not (isinstance(url, str) and url.startswith(("redis://", "rediss://"))):
+        raise ConfigurationError("dlq_redis_cluster = True needs dlq_redis_url naming a node of the cluster "
+                                 "(redis:// or rediss://); kombu's broker cannot be a Redis Cluster")
+    return on
 
 
 def _broker(conf: Mapping[str, Any]) -> Any:

@@ -22,6 +22,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
     # Debian starts a service on install; our tests start their own servers.
 fi
 
+if ! command -v redis-cli >/dev/null 2>&1; then
+    echo "redis-cli not found: installing redis-tools with apt-get (the Redis Cluster test creates its cluster with it)" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-tools >/dev/null
+fi
+
 if ! command -v promtool >/dev/null 2>&1; then
     echo "promtool not found: installing Debian's prometheus package with apt-get (the alert rule tests)" >&2
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -72,3 +72,33 @@ class RedisServer:
                 self._proc.kill()
                 self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` nodes (no replicas) on free loopback ports; ``url`` names its first node."""
+
+    def __init__(self, masters: int = 3) -> None:
+        # The bus port is given (else it is port + 10000, which can be past 65535 for a free port).
+        self.nodes = [RedisServer(None, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                  "--cluster-node-timeout", "2000", "--cluster-port", str(free_port()))
+                      for _ in range(masters)]
+        self.url = self.nodes[0].url
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServers:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not on PATH (scripts/test.sh installs redis-tools)")
+        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + timeout
+        while any(redis.Redis(port=n.port).cluster("info").get("cluster_state") != "ok" for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster never reached cluster_state:ok")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -57,7 +57,7 @@ class Operator:
         self.app, self.clock, self._broker, self._scripts = app, clock, broker, None
         self.settings = DLQSettings.from_conf(app.conf)
         self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self.client = client if client is not None else connect(self.settings.redis_url)
+        self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
         self.keys = Keys(self.settings.key_prefix, self.settings.global_keyprefix)
         self.archive = EventLog(self.client, self.keys, self.settings.events_max_length)
         self.parked = ParkedRetries(DelayedStore(self.client, self.keys, clock=clock))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
 from celery_dlq.errors import BrokerNotSupported
@@ -17,8 +18,15 @@ from celery_dlq.settings import REDIS_SCHEMES, client_url
 from celery_dlq.urls import canonical, is_sentinel, parse, sanitize
 
 
-def open_client(url: str, **kwargs: Any) -> redis.Redis:
-    """A bytes client on ``url`` (Redis, or the master a Sentinel URL names), with redis-py ``kwargs``."""
+def open_client(url: str, cluster: bool = False, **kwargs: Any) -> Any:
+    """A bytes client on ``url`` (Redis, the master a Sentinel URL names, or with ``cluster`` a Redis Cluster).
+
+    A Redis Cluster client routes each command and script by its keys' slot:
+    every key of the store shares one hash tag, so each script runs on one node.
+    """
+    if cluster:
+        kwargs.pop("health_check_interval", None)
+        return RedisCluster.from_url(client_url(url), **kwargs)
     if not is_sentinel(url):
         return redis.Redis.from_url(client_url(url), **kwargs)
     spec = parse(url)
@@ -31,14 +39,14 @@ def open_client(url: str, **kwargs: Any) -> redis.Redis:
                                **kwargs)
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, cluster: bool = False) -> Any:
     """A bytes client that fails fast: an operator wants an error, not a hang."""
-    return open_client(url, socket_connect_timeout=5, socket_timeout=30)
+    return open_client(url, cluster, socket_connect_timeout=5, socket_timeout=30)
 
 
-def worker_client(url: str) -> redis.Redis:
+def worker_client(url: str, cluster: bool = False) -> Any:
     """A bytes client for a worker: checks its connection when idle, waits as long as Redis takes."""
-    return open_client(url, health_check_interval=30)
+    return open_client(url, cluster, health_check_interval=30)
 
 
 def broker_url(conf: Any) -> str:

@@ -148,7 +148,7 @@ class Runtime:
 
     def _connect(self) -> None:
         settings = self.settings
-        self._client = worker_client(settings.redis_url)
+        self._client = worker_client(settings.redis_url, settings.redis_cluster)
         self.keys = Keys(settings.key_prefix, settings.global_keyprefix)
         scripts = Scripts(self._client)
         replication = (Replication(self._client, settings.store_min_replicas, settings.store_replica_timeout)

@@ -9,6 +9,7 @@ instead of reaching some other Redis.
 """
 from __future__ import annotations
 
+import json
 import os
 
 from celery import Celery
@@ -18,3 +19,5 @@ app.conf.update(
     task_default_queue=os.environ["DLQ_TEST_QUEUE"],
     dlq_key_prefix=os.environ["DLQ_TEST_PREFIX"],
 )
+if os.environ.get("DLQ_TEST_OPS_CONF"):   # settings an operator adds (a store of its own: test_cluster.py)
+    app.conf.update(json.loads(os.environ["DLQ_TEST_OPS_CONF"]))

@@ -43,3 +43,12 @@ def test_the_store_follows_a_sentinel_broker_and_dlq_redis_url_may_be_one():
     app.conf.broker_url = "amqp://guest@localhost//"
     app.conf.dlq_redis_url = "sentinel://h1:26379;sentinel://h2:26379/0?master_name=store"
     assert parse(DLQSettings.from_conf(app.conf).redis_url).sentinels == (("h1", 26379), ("h2", 26379))
+
+
+def test_dlq_redis_cluster_needs_a_store_url_of_its_own():
+    app = Celery("t", broker="redis://localhost:6379/0", set_as_current=False)
+    app.conf.dlq_redis_cluster = True
+    with pytest.raises(ConfigurationError, match="dlq_redis_cluster = True needs dlq_redis_url"):
+        DLQSettings.from_conf(app.conf)
+    app.conf.dlq_redis_url = "redis://10.0.0.5:7000/0"
+    assert DLQSettings.from_conf(app.conf).redis_cluster is True
