@@ -36,3 +36,10 @@ def test_the_readme_is_a_front_page_naming_the_two_commands():
     assert "scripts/demo.sh" in readme and "scripts/test.sh" in readme
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).exists(), link
+
+
+def test_every_setting_is_in_the_settings_reference():
+    from celery_dlq.settings import DEFAULTS
+
+    reference = (DOCS / "reference.md").read_text()
+    assert [name for name in DEFAULTS if f"`{name}`" not in reference] == []
