@@ -44,7 +44,7 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
         prometheus = Prometheus(tmp_path, f"127.0.0.1:{exporter.port}", RULES)
         for title, expr in targets():   # variables as the dashboard's defaults ("All") fill them in
             expr = filled(expr)
-            result = wait_for(lambda: prometheus.query(expr), 60, f"{title!r}: {expr}", prometheus.log)
+            result = wait_for(lambda: prometheus.query(expr), 60, f"{title!r}: {expr}", prometheus.log_path)
             assert all(float(series["value"][1]) >= 0 for series in result)
         by_dlq = {s["metric"]["dlq"]: s["value"][1] for s in prometheus.query("sum by (dlq) (celery_dlq_dead_letters)")}
         assert by_dlq == {f"DLQ.{q}": "1"}

@@ -24,7 +24,7 @@ from celery_dlq import headers as H
 from celery_dlq.redis.keys import Keys, QueueLists
 from tests.integration.conftest import ROOT
 from tests.processes import ServerProcess, wait_for
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -227,28 +227,29 @@ def fast_rules(path: Path) -> Path:
     return path
 
 
-class Prometheus:
+class Prometheus(ServerProcess):
     """A real ``prometheus`` server scraping one exporter every second, evaluating the rules every second."""
 
     def __init__(self, tmp_path: Path, target: str, rules: Path) -> None:
-        self.port, self.log = free_port(), tmp_path / "prometheus.log"
-        self.api = f"http://127.0.0.1:{self.port}/api/v1"
-        self.config = tmp_path / "prometheus.yml"
-        self.config.write_text(json.dumps({   # JSON is YAML
+        config = tmp_path / "prometheus.yml"
+        config.write_text(json.dumps({   # JSON is YAML
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
             "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": "celery-dlq", "static_configs": [{"targets": [target]}]}],
         }))
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [needs("prometheus"), f"--config.file={self.config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"], stdout=out, stderr=subprocess.STDOUT)
+        binary = needs("prometheus")
+        super().__init__(lambda port: [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                       f"--web.listen-address=127.0.0.1:{port}"],
+                         dict(os.environ), tmp_path / "prometheus.log", ready="/-/ready", what="Prometheus",
+                         timeout=60)
+        self.api = f"{self.base}/api/v1"
+        self.start()
 
     def query(self, expr: str) -> list:
         try:
             return json.loads(get(f"{self.api}/query?{urllib.parse.urlencode({'query': expr})}")[1])["data"]["result"]
         except (urllib.error.URLError, ConnectionError):
-            assert self.proc.poll() is None, self.log.read_text()[-4000:]
+            self.alive()
             return []
 
     def firing(self, name: str, **labels: str) -> list:
@@ -259,14 +260,6 @@ class Prometheus:
         return [a for a in alerts if a["labels"].get("alertname") == name and a["state"] == "firing"
                 and all(a["labels"].get(k) == v for k, v in labels.items())]
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def test_a_real_prometheus_fires_the_example_alerts(tmp_path, unique, exporters):
@@ -280,19 +273,19 @@ def test_a_real_prometheus_fires_the_example_alerts(tmp_path, unique, exporters)
         exporters.append(exporter)
         prometheus = Prometheus(tmp_path, f"127.0.0.1:{exporter.port}", fast_rules(tmp_path / "rules.yml"))
         depth = f'celery_dlq_dead_letters{{dlq="DLQ.{queue}"}}'
-        wait_for(lambda: prometheus.query(depth), 60, "Prometheus to scrape the empty DLQ", prometheus.log)
+        wait_for(lambda: prometheus.query(depth), 60, "Prometheus to scrape the empty DLQ", prometheus.log_path)
         assert not prometheus.firing("CeleryDLQGrowing", dlq=f"DLQ.{queue}")
 
         push_letters(client, queue, 3, at=time.time())
         (alert,) = wait_for(lambda: prometheus.firing("CeleryDLQGrowing", dlq=f"DLQ.{queue}"), 60,
-                            "CeleryDLQGrowing to fire", prometheus.log)
+                            "CeleryDLQGrowing to fire", prometheus.log_path)
         assert alert["labels"]["queue"] == queue and alert["labels"]["severity"] == "warning"
         assert alert["annotations"]["summary"] == f"Dead letters are arriving in DLQ.{queue}"
         assert prometheus.query(depth)[0]["value"][1] == "3"
 
         server.stop()
         wait_for(lambda: prometheus.firing("CeleryDLQExporterRedisDown"), 60, "CeleryDLQExporterRedisDown to fire",
-                 prometheus.log)
+                 prometheus.log_path)
     finally:
         if prometheus is not None:
             prometheus.stop()
