@@ -242,22 +242,29 @@ class DLQCollector(Collector):
         return [depth, age]
 
     def overdue(self, now: float, parked_by_queue: dict[str, int]) -> Metric:
-        """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring."""
-        k, cutoff = self.op.keys, f"({to_ms(now - self.overdue_after)}"   # strictly older than the cutoff
-        pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
-        for key in (k.delayed, k.leases):
-            pipe.zcount(key, "-inf", cutoff)
-        for key in (k.delayed, k.leases):
-            pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=self.overdue_sample)
-        in_delayed, in_leases, due_ids, leased_ids = pipe.execute()
-        sample = (due_ids + leased_ids)[:self.overdue_sample]
-        found = self.op.client.hmget(k.queues, sample) if sample else []
+        """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring.
+
+        Read shard by shard (``dlq_store_shards``), each in one transaction (one slot).
+        """
+        cutoff = f"({to_ms(now - self.overdue_after)}"   # strictly older than the cutoff
         by_queue = Counter({queue: 0 for queue in parked_by_queue})
-        by_queue.update(as_text(queue) for queue in found if queue is not None)
+        overdue = 0
+        for shard in self.op.store.all:
+            k = shard.keys
+            pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
+            for key in (k.delayed, k.leases):
+                pipe.zcount(key, "-inf", cutoff)
+            for key in (k.delayed, k.leases):
+                pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=self.overdue_sample)
+            in_delayed, in_leases, due_ids, leased_ids = pipe.execute()
+            overdue += int(in_delayed) + int(in_leases)
+            sample = (due_ids + leased_ids)[:self.overdue_sample]
+            found = self.op.client.hmget(k.queues, sample) if sample else []
+            by_queue.update(as_text(queue) for queue in found if queue is not None)
         family = gauge("overdue_parked")
         for queue, n in sorted(by_queue.items()):
             family.add_metric([queue], n)
-        unattributed = int(in_delayed) + int(in_leases) - sum(by_queue.values())
+        unattributed = overdue - sum(by_queue.values())
         if unattributed > 0:
             family.add_metric([""], unattributed)
         return family
@@ -265,7 +272,7 @@ class DLQCollector(Collector):
     def totals(self) -> list[Metric]:
         """The ``_total`` counters, a family per metric (HELP and TYPE even before the first count)."""
         families = {metric: total(metric) for metric in totals.Metric.LABELS}
-        for (metric, labels), value in totals.read(self.op.client, self.op.keys).items():
+        for (metric, labels), value in totals.read(self.op.client, self.op.store.shards.all).items():
             families[metric].add_metric([v for _, v in labels], value)
         return list(families.values())
 

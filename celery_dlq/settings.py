@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
     "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
+    "dlq_store_shards": 1,          # the store split over N hash tags ({prefix:0} ...): spread over a Redis Cluster
     "dlq_store_min_replicas": 0,    # WAIT for this many replicas after parks and moves (0: never)
     "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
 }
@@ -95,6 +96,7 @@ class DLQSettings:
     fetch_transport: bool
     fetch_wait: float
     redis_cluster: bool
+    store_shards: int
     store_min_replicas: int
     store_replica_timeout: float
     default_policy: dict[str, Any]
@@ -125,6 +127,7 @@ class DLQSettings:
             fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
             redis_cluster=_cluster(conf, _flag("dlq_redis_cluster", get("dlq_redis_cluster"))),
+            store_shards=_count("dlq_store_shards", get("dlq_store_shards")),
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),
             store_replica_timeout=_positive("dlq_store_replica_timeout", get("dlq_store_replica_timeout")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),

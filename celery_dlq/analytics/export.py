@@ -3,7 +3,9 @@
 Layout under ``PATH`` (a local path or any pyarrow filesystem URI, ``s3://``)::
 
     PATH/_checkpoint.json                          the last exported stream id, and the stream's name
+    PATH/_checkpoint.shard-<i>.json                the same for shard i's stream (dlq_store_shards > 1)
     PATH/events/dt=YYYY-MM-DD/queue=Q/part-<first id>-<n>.parquet
+    PATH/events/dt=YYYY-MM-DD/queue=Q/part-<i>-<first id>-<n>.parquet   shard i's events
     PATH/snapshots/snapshot-<UTC time>.parquet     with --snapshot: what the DLQs hold right now
 
 ``dt`` is the event's UTC date and ``queue`` its original queue (URI-escaped,
@@ -23,10 +25,14 @@ checkpoint keeps that id with the stream's ``entries-added`` counter then
 added since, minus events still in the stream after the checkpoint, is the
 number trimmed before anyone exported them. A loss is logged as a warning and
 returned (``events_lost``): export more often or raise the cap.
+
+**Every shard.** A sharded store (``dlq_store_shards`` > 1) has a stream per
+shard, and the home stream of what belongs to no task. Each is exported
+with its own checkpoint into the one dataset; a shard's event ids carry
+``-<i>`` after the stream id (``<ms>-<seq>-<i>``), so ids stay unique.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -40,15 +46,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from celery_dlq import headers as H
-from celery_dlq.analytics.fs import filesystem, read_bytes, write_bytes
-from celery_dlq.errors import ExportError
-from celery_dlq.message import Envelope, as_text, decode_raw
+from celery_dlq.analytics.checkpoint import Checkpoint, StreamState, checkpoint_name, delete_pending
+from celery_dlq.analytics.fs import filesystem
+from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.ops.operator import Operator
+from celery_dlq.redis.keys import Shards
 from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT = "_checkpoint.json"
 EVENTS_DIR = "events"
 SNAPSHOTS_DIR = "snapshots"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -105,40 +111,6 @@ class ExportResult:
                 "events_lost": self.events_lost,
                 "snapshot_rows": self.snapshot_rows, "snapshot_file": self.snapshot_file,
                 "seconds": round(self.seconds, 3)}
-
-
-@dataclass
-class Checkpoint:
-    """``PATH/_checkpoint.json``: how far the stream ``stream`` was exported."""
-
-    stream: str
-    last_id: str | None = None
-    rows: int = 0
-    added: int | None = None        # the stream's entries-added when last_id was its last id
-    pending: str | None = None      # basename prefix of a flush being written
-    updated_at: str | None = None
-
-    @classmethod
-    def load(cls, fs: pafs.FileSystem, root: str, stream: str) -> Checkpoint:
-        raw = read_bytes(fs, f"{root}/{CHECKPOINT}")
-        if raw is None:
-            return cls(stream)
-        try:
-            doc = json.loads(raw)
-            checkpoint = cls(doc["stream"], doc.get("last_id"), int(doc.get("rows", 0)), doc.get("added"),
-                             doc.get("pending"), doc.get("updated_at"))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ExportError(f"unreadable checkpoint {root}/{CHECKPOINT}: {exc}") from None
-        if checkpoint.stream != stream:
-            raise ExportError(f"{root} holds the archive of stream {checkpoint.stream!r}, not {stream!r}: "
-                              "export each key prefix to its own PATH")
-        return checkpoint
-
-    def save(self, fs: pafs.FileSystem, root: str) -> None:
-        self.updated_at = datetime.now(timezone.utc).isoformat()
-        doc = {"version": 1, "stream": self.stream, "last_id": self.last_id, "rows": self.rows,
-               "added": self.added, "pending": self.pending, "updated_at": self.updated_at}
-        write_bytes(fs, f"{root}/{CHECKPOINT}", json.dumps(doc, indent=1).encode("utf-8"))
 
 
 # -- events -> Arrow ------------------------------------------------------------
@@ -212,68 +184,20 @@ def _write_partitioned(table: pa.Table, fs: pafs.FileSystem, base: str, basename
     return written
 
 
-def _delete_pending(fs: pafs.FileSystem, base: str, prefix: str) -> int:
-    """Delete the files of a flush that died before its checkpoint (their rows come again)."""
-    if fs.get_file_info(base).type == pafs.FileType.NotFound:
-        return 0
-    doomed = [info.path for info in fs.get_file_info(pafs.FileSelector(base, recursive=True))
-              if info.type == pafs.FileType.File and info.base_name.startswith(prefix)]
-    for path in doomed:
-        fs.delete_file(path)
-    if doomed:
-        logger.warning("celery-dlq export: removed %d file(s) of an interrupted export", len(doomed))
-    return len(doomed)
-
-
-@dataclass(frozen=True)
-class StreamState:
-    """The stream at one instant: last id, length, first id, and entries ever added (None: unknown)."""
-
-    last_id: str
-    length: int
-    first_id: str | None
-    added: int | None
-
-    @classmethod
-    def read(cls, client: Any, key: str) -> StreamState | None:
-        """The state of stream ``key`` (one atomic round trip), or None if there is no stream."""
-        pipe = client.pipeline(transaction=True)
-        pipe.exists(key)
-        pipe.xinfo_stream(key)
-        try:
-            _, info = pipe.execute()
-        except Exception as exc:  # no such key
-            if "no such key" in str(exc).lower():
-                return None
-            raise
-        first = info.get("first-entry")
-        return cls(last_id=as_text(info["last-generated-id"]), length=int(info["length"]),
-                   first_id=as_text(first[0]) if first else None,
-                   added=int(info["entries-added"]) if info.get("entries-added") is not None else None)
-
-    def lost_after(self, checkpoint: Checkpoint) -> int | None:
-        """Events added after the checkpoint that the stream no longer holds; None: cannot tell."""
-        if self.added is None:
-            return None
-        if checkpoint.last_id is None:
-            return self.added - self.length          # trimmed before the first export
-        if self.first_id is not None and parse_id(self.first_id) <= parse_id(checkpoint.last_id):
-            return 0                                  # the stream still reaches back to the checkpoint
-        if checkpoint.added is None:
-            return None
-        return max(0, self.added - checkpoint.added - self.length)
-
-
 def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
-                  flush_rows: int = 500_000) -> ExportResult:
-    """Export every event after ``out``'s checkpoint; ``read_count`` per XRANGE, ``flush_rows`` per flush."""
+                  flush_rows: int = 500_000, shard: str | None = None) -> ExportResult:
+    """Export every event after ``out``'s checkpoint; ``read_count`` per XRANGE, ``flush_rows`` per flush.
+
+    ``shard``: the stream is shard ``shard``'s of a sharded store (its own
+    checkpoint file, file names and event id suffix); None: the home stream.
+    """
     started = time.perf_counter()
     fs, root = filesystem(out)
     base = f"{root}/{EVENTS_DIR}"
     log = EventLog(client, keys, max_length=0)
-    checkpoint = Checkpoint.load(fs, root, log.key)
+    checkpoint = Checkpoint.load(fs, root, log.key, checkpoint_name(shard))
     if checkpoint.pending:
-        _delete_pending(fs, base, checkpoint.pending)
+        delete_pending(fs, base, checkpoint.pending)
         checkpoint.pending = None
         checkpoint.save(fs, root)
     state = StreamState.read(client, log.key)
@@ -292,7 +216,7 @@ def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
         after = entries[-1][0] if entries else after
         done = len(entries) < read_count
         if buffer and (done or len(buffer) >= flush_rows):
-            files += _flush(fs, root, base, checkpoint, buffer)
+            files += _flush(fs, root, base, checkpoint, buffer, shard)
             rows += len(buffer)
             buffer = []
         if done:
@@ -305,16 +229,31 @@ def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
 
 
 def _flush(fs: pafs.FileSystem, root: str, base: str, checkpoint: Checkpoint,
-           buffer: list[tuple[str, Mapping]]) -> list[str]:
-    prefix = f"part-{buffer[0][0]}-"
+           buffer: list[tuple[str, Mapping]], shard: str | None) -> list[str]:
+    prefix = f"part-{buffer[0][0]}-" if shard is None else f"part-{shard}-{buffer[0][0]}-"
     checkpoint.pending = prefix
     checkpoint.save(fs, root)
-    files = _write_partitioned(event_table(buffer), fs, base, prefix)
+    table = event_table([(f"{entry_id}-{shard}", fields) for entry_id, fields in buffer] if shard else buffer)
+    files = _write_partitioned(table, fs, base, prefix)
     checkpoint.pending = None
     checkpoint.last_id, checkpoint.added = buffer[-1][0], None
     checkpoint.rows += len(buffer)
     checkpoint.save(fs, root)
     return files
+
+
+def export_store(client: Any, shards: Shards, out: str) -> ExportResult:
+    """Export every stream of the store (:class:`~celery_dlq.redis.keys.Shards`): the home stream, then each
+    shard's, into one dataset; the result adds them up (``last_id``: the newest event exported)."""
+    results = [export_events(client, shards.home, out)]
+    if len(shards) > 1:
+        results += [export_events(client, keys, out, shard=str(i)) for i, keys in enumerate(shards.shards)]
+    ids = [r.last_id for r in results if r.last_id]
+    lost = [r.events_lost for r in results]
+    return ExportResult(rows=sum(r.rows for r in results), files=tuple(f for r in results for f in r.files),
+                        last_id=max(ids, key=parse_id) if ids else None,
+                        events_lost=None if None in lost else sum(lost),
+                        seconds=sum(r.seconds for r in results))
 
 
 # -- snapshot of the DLQs --------------------------------------------------------
@@ -389,7 +328,7 @@ def export_app(app: Any, out: str, *, snapshot: bool = False, now: float | None 
     installs nothing on the app.
     """
     operator = Operator(app)
-    result = export_events(operator.client, operator.keys, out)
+    result = export_store(operator.client, operator.store.shards, out)
     if not snapshot:
         return result
     rows, path = export_snapshot(dlq_contents(operator), out, now=now)

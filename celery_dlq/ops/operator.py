@@ -23,11 +23,10 @@ from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.client import broker_client, connect
-from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.redis.shards import ShardedStore, shards_of
 from celery_dlq.settings import DLQSettings
 
 
@@ -58,9 +57,13 @@ class Operator:
         self.settings = DLQSettings.from_conf(app.conf)
         self.lists = QueueLists.of(app.conf.broker_transport_options)
         self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
-        self.keys = Keys(self.settings.key_prefix, self.settings.global_keyprefix)
-        self.archive = EventLog(self.client, self.keys, self.settings.events_max_length)
-        self.parked = ParkedRetries(DelayedStore(self.client, self.keys, clock=clock))
+        #: Every shard of the store (``dlq_store_shards``); ``keys``/``archive`` are the home set's,
+        #: where what the operator does (replays, purges) is counted and archived.
+        self.store = ShardedStore(self.client, shards_of(self.settings),
+                                  events_max_length=self.settings.events_max_length, clock=clock)
+        self.keys = self.store.home.keys
+        self.archive = self.store.home.archive
+        self.parked = ParkedRetries(self.store)
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
 
     @property
@@ -168,7 +171,7 @@ class Operator:
 
     def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
         """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""
-        counters = {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.stats).items()}
+        counters = self.store.stats()
         counters["parked_now"] = self.parked.store.count()
         counters["dead_letters_now"] = sum(info.dead_letters for info in (self.queues() if rows is None else rows))
         return dict(sorted(counters.items()))
@@ -185,8 +188,10 @@ class Operator:
         for letter in letters:
             task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
             if task_id:
-                pipe.delete(self.keys.delivery_count(task_id), self.keys.delivery_count(f"{task_id}:{tag}"),
-                            self.keys.audit(task_id, letter.delivery_count or 1))
+                keys = self.store.of(task_id).keys
+                for key in (keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
+                            keys.audit(task_id, letter.delivery_count or 1)):
+                    pipe.delete(key)   # one key per DEL: a store on a Redis Cluster takes no cross-slot DEL
         pipe.execute()
 
     def count(self, stat: str, n: int) -> None:

@@ -12,22 +12,23 @@ import collections
 import math
 from typing import Any, Iterable
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.keys import Shards
 from celery_dlq.redis.scripts import Scripts
 
 
 class DeliveryCounters:
     """Count, take back and forget the deliveries of message instances (task id + delivery tag)."""
 
-    def __init__(self, client: Any, keys: Keys, scripts: Scripts, ttl: float) -> None:
+    def __init__(self, client: Any, shards: Shards, scripts: Scripts, ttl: float) -> None:
         if not ttl > 0:
             raise ValueError(f"ttl must be > 0, got {ttl!r}")
-        self.client, self.keys, self.scripts = client, keys, scripts
+        self.client, self.shards, self.scripts = client, shards, scripts
         self.ttl_s = max(1, math.ceil(ttl))  # EXPIRE takes whole seconds
         self._spent: collections.deque[str] = collections.deque()
 
     def key(self, task_id: str, tag: Any) -> str:
-        return self.keys.delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
+        """The counter of one message instance, in its task's shard."""
+        return self.shards.of(task_id).delivery_count(f"{task_id}:{tag}" if isinstance(tag, str) and tag else task_id)
 
     def count(self, task_id: str, tag: Any, floor: int) -> int:
         """Count a repeated (``redelivered``) delivery of a message instance and return its number.

@@ -5,7 +5,11 @@ Two families of keys:
 * **ours** (:class:`Keys`): the delayed store, counters, audit markers, the
   archive stream. They share the hash tag ``{<prefix>}``: on Redis Cluster
   they land on one slot, which is what lets one Lua script touch several of
-  them. Every key a script uses is passed through ``KEYS``.
+  them. Every key a script uses is passed through ``KEYS``. With
+  ``dlq_store_shards = N > 1`` (:class:`Shards`) the store is N such key
+  sets, ``{<prefix>:0}`` ... ``{<prefix>:N-1}``, a task's keys in the one
+  its id picks; ``{<prefix>}`` itself (the home set) keeps what belongs to
+  no task (quarantines, fetch sets, operator counters).
 * **kombu's** (:class:`QueueLists`): a queue, a DLQ among them, is where
   kombu's Redis transport puts it, one LIST per priority step, kombu's
   ``global_keyprefix`` in front.
@@ -16,6 +20,7 @@ Redis can be read from this module alone.
 from __future__ import annotations
 
 from bisect import bisect
+from zlib import crc32
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -137,6 +142,47 @@ class Keys:
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
 
 
+
+def shard_index(task_id: str | None, shards: int) -> int:
+    """The shard (0 .. ``shards`` - 1) of a task id: CRC-32 of its UTF-8, modulo the count (stable everywhere)."""
+    return crc32((task_id or "").encode("utf-8", "surrogatepass")) % shards if shards > 1 else 0
+
+
+class Shards:
+    """The store's key sets: the home set ``{<prefix>}`` and, with ``count > 1``, ``{<prefix>:0}`` ... .
+
+    ``count == 1`` is the unsharded layout, exactly the home set, so a
+    deployment that never sets ``dlq_store_shards`` keeps its keys. With
+    more, a task's entries, counters, audit markers and archive events go to
+    the shard its id picks (:func:`shard_index`); readers read :attr:`all`,
+    the home set included, where entries parked before sharding was turned
+    on stay until the movers drain them.
+    """
+
+    def __init__(self, prefix: str = "celery_dlq", global_keyprefix: str = "", count: int = 1) -> None:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ConfigurationError(f"dlq_store_shards must be an integer >= 1, got {count!r}")
+        self.home = Keys(prefix, global_keyprefix)
+        self.shards: tuple[Keys, ...] = (self.home,) if count == 1 else tuple(
+            Keys(f"{prefix}:{i}", global_keyprefix) for i in range(count))
+
+    def __repr__(self) -> str:
+        return f"Shards(home={self.home.base!r}, count={len(self.shards)})"
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @property
+    def all(self) -> tuple[Keys, ...]:
+        """Every key set readers read: the home set first, then the shards (the home set alone when unsharded)."""
+        return self.shards if self.shards[0] is self.home else (self.home, *self.shards)
+
+    def index(self, task_id: str | None) -> int:
+        return shard_index(task_id, len(self.shards))
+
+    def of(self, task_id: str | None) -> Keys:
+        """The key set of ``task_id``'s entries, counters and events."""
+        return self.shards[self.index(task_id)]
 
 
 @dataclass(frozen=True)

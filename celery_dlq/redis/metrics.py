@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from celery_dlq.redis.keys import Keys
 
@@ -120,15 +120,20 @@ def incr(client: Any, keys: Keys, metric: str, n: int = 1, **labels: Any) -> Any
     return client.hincrby(keys.metrics, field(metric, **labels), int(n))
 
 
-def read(client: Any, keys: Keys) -> dict[tuple[str, Labels], int]:
-    """Every counter: ``(metric, labels) -> value``, with one ``HGETALL``.
+def read(client: Any, keys: Keys | Sequence[Keys]) -> dict[tuple[str, Labels], int]:
+    """Every counter: ``(metric, labels) -> value``, with one ``HGETALL`` per key set (summed over the
+    shards of a sharded store), in one pipeline.
 
     A field that is not a known metric with its labels (written by another
     version, or by hand) is skipped and logged, never raised on: a scrape
     must not fail over one bad field.
     """
     counters: dict[tuple[str, Labels], int] = {}
-    for raw, value in client.hgetall(keys.metrics).items():
+    pipe = client.pipeline(transaction=False)
+    for keyset in ([keys] if isinstance(keys, Keys) else keys):
+        pipe.hgetall(keyset.metrics)
+    rows = [(raw, value) for found in pipe.execute() for raw, value in (found or {}).items()]
+    for raw, value in rows:
         key = _counter(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
         if key is not None:
             try:

@@ -23,9 +23,9 @@ from kombu import Exchange, Queue
 from celery_dlq import headers as H
 from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import Keys, Stat
+from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.worker.retention import Retention
@@ -44,17 +44,17 @@ def dead_letter_queue(name: str) -> Queue:
 class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
-    def __init__(self, app: Any, client: Any, keys: Keys, *, audit_ttl: float, archive: EventLog,
+    def __init__(self, app: Any, client: Any, store: ShardedStore, *, audit_ttl: float,
                  redis_url: str, events: TaskEvents | None = None) -> None:
         self.app = app
         self.events = events
         self.client = client
-        self.keys = keys
-        self.archive = archive
+        #: A task's audit markers, counters and archive events go to its shard of the store.
+        self.store = store
         self.audit_ttl_s = max(1, int(audit_ttl))
         self._declared: set[str] = set()
         self._lock = threading.Lock()
-        self.retention = Retention(app, client, keys, archive=archive, redis_url=redis_url)
+        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
@@ -66,25 +66,27 @@ class DeadLetterer:
         expired = reason == H.Reason.EXPIRED
         dlq = policy.expired_queue(envelope.queue) if expired else policy.dead_letter_queue(envelope.queue)
         task_id = envelope.task_id or "unknown"
+        shard = self.store.of(task_id)
+        keys = shard.keys
         if dlq is None:
             logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): %s",
                            envelope.task_name, task_id, envelope.queue, delivery, reason, H.summary(failure),
                            "expired='drop'" if expired and policy.dead_letter is not False else "dead_letter=False")
             pipe = self.client.pipeline(transaction=False)
-            pipe.hincrby(self.keys.stats, Stat.DROPPED, 1)
+            pipe.hincrby(keys.stats, Stat.DROPPED, 1)
             if expired:
-                pipe.hincrby(self.keys.stats, Stat.EXPIRED, 1)
-            metrics.incr(pipe, self.keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
+                pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
+            metrics.incr(pipe, keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
             pipe.execute()
-            self.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
+            shard.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
             self._notify(envelope, None, reason, failure, delivery)
             return None
-        audit = self.keys.audit(task_id, delivery, envelope.delivery_tag)
+        audit = keys.audit(task_id, delivery, envelope.delivery_tag)
         if not self.client.set(audit, PENDING, nx=True, ex=self.audit_ttl_s):
             if self.client.get(audit) == DONE:
                 logger.info("celery-dlq: %s[%s] delivery %d is already in %s; not dead-lettering twice",
                             envelope.task_name, task_id, delivery, dlq)
-                self.client.hincrby(self.keys.stats, Stat.DUPLICATES, 1)
+                self.client.hincrby(keys.stats, Stat.DUPLICATES, 1)
                 return dlq
         letter = envelope.with_headers(H.dead_letter_headers(
             envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
@@ -92,13 +94,13 @@ class DeadLetterer:
         self.publish(letter, dlq)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
-        pipe.hincrby(self.keys.stats, Stat.DEAD_LETTERED, 1)
+        pipe.hincrby(keys.stats, Stat.DEAD_LETTERED, 1)
         if expired:
-            pipe.hincrby(self.keys.stats, Stat.EXPIRED, 1)
-        metrics.incr(pipe, self.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
+            pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
+        metrics.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
                      reason=reason)
         pipe.execute()
-        self.archive.dead_lettered(letter, dlq)
+        shard.archive.dead_lettered(letter, dlq)
         logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",
                        envelope.task_name, task_id, dlq, delivery, reason, H.summary(failure))
         self._notify(envelope, dlq, reason, failure, delivery)

@@ -25,6 +25,7 @@ from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.metrics import Metric
+from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
 from celery_dlq.worker.runtime import Runtime
 
@@ -47,6 +48,7 @@ class MoverThread(threading.Thread):
         self.batch_size = settings.mover_batch_size
         self.lease = settings.claim_lease
         self._stop_event = threading.Event()
+        self._turn = -1
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop_event.set()
@@ -79,35 +81,42 @@ class MoverThread(threading.Thread):
         entries move inside Redis, one script per batch (``lua/move_due.lua``);
         entries in the publish format (parked before an upgrade) are then
         claimed and published as on any other broker.
-        """
-        moved, left = self._move_inside_redis() if self.runtime.direct else (0, 1)
-        return moved + (self._claim_and_publish() if left else 0)
 
-    def _move_inside_redis(self) -> tuple[int, int]:
-        store, batch = self.runtime.store, self.batch_size
+        With ``dlq_store_shards`` > 1 every shard is served in turn, starting
+        one further each pass, so no shard always waits for the others.
+        """
+        shards = self.runtime.sharded.all
+        self._turn = (self._turn + 1) % len(shards)
+        return sum(self._move_shard(shard) for shard in shards[self._turn:] + shards[:self._turn])
+
+    def _move_shard(self, shard: Shard) -> int:
+        moved, left = self._move_inside_redis(shard) if self.runtime.direct else (0, 1)
+        return moved + (self._claim_and_publish(shard) if left else 0)
+
+    def _move_inside_redis(self, shard: Shard) -> tuple[int, int]:
+        store, batch = shard.store, self.batch_size
         lists = [key for queue in store.counts_by_queue() for key in self.runtime.lists.keys(queue)]
         moved = left = 0
         while not self._stop_event.is_set():
-            n, left = store.move_due(lists, limit=batch, events_max_length=self.runtime.archive.max_length,
+            n, left = store.move_due(lists, limit=batch, events_max_length=shard.archive.max_length,
                                      counter=Stat.REDELIVERED)
             moved += n
             if n + left < batch or n == 0:
                 break
         return moved, left
 
-    def _claim_and_publish(self) -> int:
+    def _claim_and_publish(self, shard: Shard) -> int:
         moved = 0
-        store = self.runtime.store
         while not self._stop_event.is_set():
-            claimed = store.claim_due(limit=self.batch_size, lease=self.lease)
+            claimed = shard.store.claim_due(limit=self.batch_size, lease=self.lease)
             if not claimed:
                 break
-            moved += self._publish(claimed)
+            moved += self._publish(shard, claimed)
             if len(claimed) < self.batch_size:
                 break
         return moved
 
-    def _publish(self, claimed: list) -> int:
+    def _publish(self, shard: Shard, claimed: list) -> int:
         """Publish the claimed entries and dead-letter the expired ones; returns how many were handled.
 
         An entry whose message expired while parked (Celery's ``expires``
@@ -119,13 +128,13 @@ class MoverThread(threading.Thread):
         due = [pair for pair in pairs if not H.expires_before(pair[1].headers, now)]
         expired = [pair for pair in pairs if H.expires_before(pair[1].headers, now)]
         try:
-            published = self._publish_due(due) if due else 0
+            published = self._publish_due(shard, due) if due else 0
         except Exception:
-            self._release([entry for entry, _ in expired])
+            self._release(shard, [entry for entry, _ in expired])
             raise
-        return published + (self._dead_letter_expired(expired) if expired else 0)
+        return published + (self._dead_letter_expired(shard, expired) if expired else 0)
 
-    def _publish_due(self, due: list) -> int:
+    def _publish_due(self, shard: Shard, due: list) -> int:
         """Publish the entries, then ack the batch in one call; on a failure give them back and raise.
 
         Where kombu offers publish batches (``Producer.batch``, kombu >= 5.7;
@@ -138,7 +147,6 @@ class MoverThread(threading.Thread):
         Released entries come due again after a back-off, not at once, so a
         broker outage does not turn the mover into a busy loop.
         """
-        store = self.runtime.store
         published: list[Envelope] = []
         try:
             with self.app.producer_or_acquire() as producer:
@@ -147,16 +155,16 @@ class MoverThread(threading.Thread):
                         self._publish_one(producer, entry.payload, envelope)
                 published = [envelope for _, envelope in due]
         except Exception:
-            self._release([entry for entry, _ in due])
+            self._release(shard, [entry for entry, _ in due])
             raise
         finally:
             if published:
-                store.ack_many([entry for entry, _ in due], Stat.REDELIVERED, len(published))
-                self._count(published)
-                self.runtime.archive.redelivered(published)
+                shard.store.ack_many([entry for entry, _ in due], Stat.REDELIVERED, len(published))
+                self._count(shard, published)
+                shard.archive.redelivered(published)
         return len(published)
 
-    def _dead_letter_expired(self, expired: list) -> int:
+    def _dead_letter_expired(self, shard: Shard, expired: list) -> int:
         """Dead-letter (or drop) entries whose message expired while parked, then ack them; on a failure
         give the rest back and raise.
 
@@ -177,11 +185,11 @@ class MoverThread(threading.Thread):
                 done.append(entry)
                 self._record_revoked(envelope)
         except Exception:
-            self._release([entry for entry, _ in expired[len(done):]])
+            self._release(shard, [entry for entry, _ in expired[len(done):]])
             raise
         finally:
             if done:
-                runtime.store.ack_many(done)
+                shard.store.ack_many(done)
         return len(done)
 
     def _record_revoked(self, envelope: Envelope) -> None:
@@ -201,18 +209,18 @@ class MoverThread(threading.Thread):
             logger.exception("celery-dlq mover: could not record %s[%s] as revoked (expired) in the result backend",
                              envelope.task_name, envelope.task_id)
 
-    def _release(self, entries: list) -> None:
+    def _release(self, shard: Shard, entries: list) -> None:
         retry_at = time.time() + max(1.0, self.interval)
         for entry in entries:
-            self.runtime.store.release(entry, due=retry_at)
+            shard.store.release(entry, due=retry_at)
 
-    def _count(self, published: list[Envelope]) -> None:
+    def _count(self, shard: Shard, published: list[Envelope]) -> None:
         """``redelivered_total`` per queue and task for what the publish path moved (never raises)."""
         try:
             counts = Counter((envelope.queue, envelope.task_name or "") for envelope in published)
             pipe = self.runtime.client.pipeline(transaction=False)
             for (queue, task), n in counts.items():
-                metrics.incr(pipe, self.runtime.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+                metrics.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
             pipe.execute()
         except Exception:
             logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))

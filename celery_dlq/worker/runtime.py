@@ -34,9 +34,10 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
 from celery_dlq.redis.client import broker_client, broker_url, worker_client
 from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.replication import Replication
+from celery_dlq.redis.shards import Shard, ShardedStore, shards_of
 from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
@@ -149,16 +150,17 @@ class Runtime:
     def _connect(self) -> None:
         settings = self.settings
         self._client = worker_client(settings.redis_url, settings.redis_cluster)
-        self.keys = Keys(settings.key_prefix, settings.global_keyprefix)
+        self.shards = shards_of(settings)
+        #: The home key set (the only one unless ``dlq_store_shards`` > 1): fetch sets, quarantines.
+        self.keys = self.shards.home
         scripts = Scripts(self._client)
         replication = (Replication(self._client, settings.store_min_replicas, settings.store_replica_timeout)
                        if settings.store_min_replicas else None)
-        self._store = DelayedStore(self._client, self.keys, replication=replication)
-        self._counters = DeliveryCounters(self._client, self.keys, scripts, settings.delivery_count_ttl)
-        self._archive = EventLog(self._client, self.keys, settings.events_max_length)
-        self._deadletterer = DeadLetterer(self.app, self._client, self.keys, audit_ttl=settings.audit_ttl,
-                                          archive=self._archive, redis_url=settings.redis_url,
-                                          events=self.events)
+        self._sharded = ShardedStore(self._client, self.shards, events_max_length=settings.events_max_length,
+                                     replication=replication)
+        self._counters = DeliveryCounters(self._client, self.shards, scripts, settings.delivery_count_ttl)
+        self._deadletterer = DeadLetterer(self.app, self._client, self._sharded, audit_ttl=settings.audit_ttl,
+                                          redis_url=settings.redis_url, events=self.events)
         self._broker: Any = None
         self._pid = os.getpid()
 
@@ -174,9 +176,19 @@ class Runtime:
         return self._client
 
     @property
-    def store(self) -> DelayedStore:
+    def sharded(self) -> ShardedStore:
+        """Every shard of the store (one unless ``dlq_store_shards`` > 1): the mover serves them all."""
         self._ensure()
-        return self._store
+        return self._sharded
+
+    def shard(self, task_id: str | None) -> Shard:
+        """The shard holding ``task_id``'s parked entries and archive events."""
+        return self.sharded.of(task_id)
+
+    @property
+    def store(self) -> DelayedStore:
+        """The home shard's store: the whole store unless ``dlq_store_shards`` > 1."""
+        return self.sharded.home.store
 
     @property
     def counters(self) -> DeliveryCounters:
@@ -185,8 +197,8 @@ class Runtime:
 
     @property
     def archive(self) -> EventLog:
-        self._ensure()
-        return self._archive
+        """The home shard's archive stream: the whole archive unless ``dlq_store_shards`` > 1."""
+        return self.sharded.home.archive
 
     @property
     def deadletterer(self) -> DeadLetterer:
@@ -242,7 +254,8 @@ class Runtime:
                                        exchange=envelope.exchange, routing_key=envelope.routing_key,
                                        failure=failure, now=now)
         copy = envelope.with_headers(headers)
-        event, max_length = self.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
+        shard = self.shard(envelope.task_id)
+        event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
         raw = getattr(message, "_raw", None) if message is not None and self.direct else None
         if isinstance(raw, dict):
             if new_body:
@@ -259,7 +272,8 @@ class Runtime:
         channel = getattr(message, "channel", None) if raw is not None else None
         settle = channel if callable(getattr(channel, "settled", None)) else None
         ack = (settle.ack_keys(), envelope.delivery_tag) if settle is not None and envelope.delivery_tag else None
-        parked = self._park_once(payload, envelope, nxt, due, event, max_length, ack, H.expires_at(headers))
+        parked = self._park_once(shard.store, payload, envelope, nxt, due, event, max_length, ack,
+                                 H.expires_at(headers))
         if ack is not None:   # the park script acknowledged the consumed message: kombu's ack only forgets it
             settle.settled(envelope.delivery_tag)
         if not parked:
@@ -297,7 +311,7 @@ class Runtime:
         return replace(envelope, body=body, content_type=content_type, content_encoding=content_encoding,
                        headers=headers)
 
-    def _park_once(self, payload: bytes, envelope: Envelope, nxt: int, due: float,
+    def _park_once(self, store: DelayedStore, payload: bytes, envelope: Envelope, nxt: int, due: float,
                    event: Any, max_length: int, ack: Any = None, expires: float | None = None) -> bool:
         """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 
@@ -309,14 +323,13 @@ class Runtime:
         """
         task_id = envelope.task_id or "unknown"
         entry_id = f"{task_id}:{nxt}"
-        if self.store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name,
-                           expires):
+        if store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name, expires):
             return True
-        existing = self.store.get(entry_id)
+        existing = store.get(entry_id)
         tag = envelope.delivery_tag
         if existing is None or not tag or source_tag_of(existing.payload) == tag:
             return False  # parked already by an earlier delivery of this same message
-        return self.store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length,
+        return store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length,
                                task=envelope.task_name, expires=expires)
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:

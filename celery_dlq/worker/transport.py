@@ -306,12 +306,13 @@ class Channel(kombu_redis.Channel):
             return
         try:
             envelope = decode_raw(letter).as_envelope()
+            shard = runtime.shard(envelope.task_id)
             pipe = runtime.client.pipeline(transaction=False)
-            pipe.hincrby(runtime.keys.stats, Stat.DEAD_LETTERED, 1)
-            metrics.incr(pipe, runtime.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
+            pipe.hincrby(shard.keys.stats, Stat.DEAD_LETTERED, 1)
+            metrics.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
                          reason=Reason.INVALID_MESSAGE)
             pipe.execute()
-            runtime.archive.dead_lettered(envelope, dlq)
+            shard.archive.dead_lettered(envelope, dlq)
         except Exception:
             logger.exception("celery-dlq: could not count or archive an invalid message's dead letter")
 

@@ -12,8 +12,8 @@ from celery_dlq import RedeliveryPolicy, task_dead_lettered
 from celery_dlq import headers as H
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.message import Envelope
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.keys import Keys, Shards
+from celery_dlq.redis.shards import ShardedStore
 
 
 @pytest.fixture
@@ -30,8 +30,8 @@ def setup(redis_server, unique):
 
 
 def letterer_for(app, client, keys):
-    return DeadLetterer(app, client, keys, audit_ttl=60, archive=EventLog(client, keys, 100_000),
-                        redis_url=app.conf.broker_url)
+    store = ShardedStore(client, Shards(keys.prefix, keys.global_keyprefix), events_max_length=100_000)
+    return DeadLetterer(app, client, store, audit_ttl=60, redis_url=app.conf.broker_url)
 
 
 FAILURE = {"type": "ValueError", "message": "boom", "traceback": "Traceback..."}

@@ -136,7 +136,7 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
     claimed = runtime.store.claim_due(lease=30, now=T0 * 2)
     assert len(claimed) == 1
     mover = MoverThread(app, runtime)
-    assert mover._publish(claimed) == 1
+    assert mover._publish(runtime.sharded.home, claimed) == 1
     dest = runtime.lists.key(f"q{unique}", 9)
     [element] = runtime.client.lrange(dest, 0, -1)
     assert element == DirectPayload.loads(claimed[0].payload).element and runtime.store.count() == 0

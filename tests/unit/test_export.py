@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from celery_dlq import RedeliveryPolicy, install
 from celery_dlq.analytics import export as X
 from celery_dlq.cli import analytics as cli_analytics
+from celery_dlq.errors import ExportError
 from celery_dlq.message import Envelope
 from celery_dlq.redis.archive import SCHEMA, Event, EventLog, Field
 from celery_dlq.redis.keys import Keys
@@ -110,7 +111,7 @@ def test_an_export_that_died_midway_is_redone_without_duplicates(log, tmp_path, 
 def test_a_path_holding_another_stream_is_refused(log, tmp_path):
     log.append([ev(1, MIDNIGHT)])
     X.export_events(log.client, Keys("exp"), str(tmp_path))
-    with pytest.raises(X.ExportError, match="export each key prefix to its own PATH"):
+    with pytest.raises(ExportError, match="export each key prefix to its own PATH"):
         X.export_events(log.client, Keys("other"), str(tmp_path))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.keys import Keys, Shards, shard_index
 from celery_dlq.redis.scripts import PRELUDE, SCRIPT_NAMES, Scripts, script_body, script_source
 
 LUA_DIR = resources.files("celery_dlq.redis").joinpath("lua")
@@ -34,6 +34,28 @@ def test_global_keyprefix_goes_in_front_of_the_hash_tag():
     keys = Keys(prefix="app", global_keyprefix="tenant1:")
     assert keys.delayed == "tenant1:{app}:delayed"
     assert keys.delivery_count("t") == "tenant1:{app}:count:t"
+
+
+def test_one_shard_is_the_unsharded_layout():
+    shards = Shards(prefix="app", global_keyprefix="t:")
+    assert shards.all == shards.shards == (shards.home,) and shards.home.base == "t:{app}"
+    assert shards.of("any-task").events == Keys("app", "t:").events == "t:{app}:events"
+
+
+def test_shards_have_their_own_hash_tags_and_a_task_always_picks_the_same():
+    shards = Shards(prefix="app", count=6)
+    assert [keys.base for keys in shards.shards] == [f"{{app:{i}}}" for i in range(6)]
+    assert shards.all[0] is shards.home and shards.home.base == "{app}" and len(shards.all) == 7
+    picked = {shards.index(f"task-{n}") for n in range(600)}
+    assert picked == set(range(6))                       # every shard gets tasks
+    assert shards.of("abc") is shards.shards[shard_index("abc", 6)] is shards.of("abc")
+    assert shard_index("abc", 6) == 0x352441C2 % 6       # CRC-32, the same in every process and language
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
+def test_bad_shard_count_is_rejected(count):
+    with pytest.raises(ConfigurationError, match="dlq_store_shards"):
+        Shards(count=count)
 
 
 @pytest.mark.parametrize("prefix", ["", "a{b", "a}b"])
@@ -88,8 +110,7 @@ def test_scripts_are_registered_once_per_client():
 
 
 def counters(client, unique, ttl):
-    keys = Keys(prefix=f"test-{unique}")
-    return DeliveryCounters(client, keys, Scripts(client), ttl)
+    return DeliveryCounters(client, Shards(prefix=f"test-{unique}"), Scripts(client), ttl)
 
 
 def test_count_delivery_increments_floors_and_expires(any_redis, unique):

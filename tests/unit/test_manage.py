@@ -27,7 +27,8 @@ from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, 
 from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys, QueueLists, Stat
+from celery_dlq.redis.keys import Keys, QueueLists, Shards, Stat
+from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.retention import Retention
 
@@ -68,7 +69,7 @@ def dead_letter(fake, task="shop.charge", args=(1,), kwargs=None, queue="orders"
                         exchange="", routing_key=queue, queue=queue)
     dlq = dlq or f"DLQ.{queue}"
     policy = RedeliveryPolicy(dead_letter=dlq)
-    DeadLetterer(SOURCE, fake, Keys("src"), audit_ttl=60, archive=EventLog(fake, Keys("src"), 100_000),
+    DeadLetterer(SOURCE, fake, ShardedStore(fake, Shards("src"), events_max_length=100_000), audit_ttl=60,
                  redis_url="redis://").dead_letter(
         envelope, delivery=delivery, policy=policy, reason=reason, failure=H.describe_exception(exc), worker="w1@h")
     with SOURCE.connection_for_write() as conn:
@@ -144,8 +145,8 @@ def test_queues_count_every_priority_list_and_parked_retries(op, fake, app):
     dead_letter(fake, queue="orders")
     dead_letter(fake, queue="orders", priority=9)
     dead_letter(fake, queue="mail")
-    op.parked.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
-    op.parked.store.park("t2:2", Envelope(b"[]", None, None, {}, {}, "", "billing", "billing").dumps(), "billing", T0)
+    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.store.home.store.park("t2:2", Envelope(b"[]", None, None, {}, {}, "", "billing", "billing").dumps(), "billing", T0)
     rows = {row.name: row.as_dict() for row in op.queues()}
     assert rows["DLQ.orders"] == {"name": "DLQ.orders", "queue": "orders", "dead_letters": 2, "parked": 1}
     assert rows["DLQ.mail"]["dead_letters"] == 1
@@ -447,7 +448,7 @@ def test_purge_needs_force_then_deletes_one_filtered_or_all(op, fake):
 def park(op, task_id: str, due: float, queue: str = "orders") -> None:
     headers = {"id": task_id, "task": "shop.charge", H.DELIVERY_COUNT: 2, H.LAST_EXCEPTION: "ValueError: boom"}
     envelope = Envelope(b"[[], {}, {}]", "application/json", "utf-8", headers, {}, "", queue, queue)
-    op.parked.store.park(f"{task_id}:2", envelope.dumps(), queue, due)
+    op.store.home.store.park(f"{task_id}:2", envelope.dumps(), queue, due)
 
 
 def test_parked_list_redeliver_and_delete(op):

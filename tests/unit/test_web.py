@@ -163,7 +163,7 @@ def post_routes(web) -> list[str]:
 
 def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_nothing(web, fake, op):
     ids = letters(fake, 2)
-    op.parked.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     c = client(web)
     good = csrf(c)
     form = {"all": "1", "id": ids[0], "entry_id": "t1:2", "user": "alice", "password": "wonder"}
@@ -179,7 +179,7 @@ def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_no
 
 def test_read_only_hides_and_refuses_every_action(app, op, fake):
     ids = letters(fake, 2)
-    op.parked.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     web = create_app(app, basic_auth=["alice:wonder"], read_only=True, operator=op)
     c = client(web)
     for page in ("/dlq/DLQ.orders", f"/dlq/DLQ.orders/letters/{ids[0]}", "/parked"):
@@ -198,7 +198,7 @@ def test_read_only_hides_and_refuses_every_action(app, op, fake):
 def test_overview_shows_each_dlq_depth_queue_parked_oldest_age_and_counters(app, fake, op):
     letters(fake, 3)
     dead_letter(fake, queue="mail")
-    op.parked.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     app.conf.broker_url = "redis://:hunter2@127.0.0.1:1/0"
     web = create_app(app, basic_auth=["alice:wonder"], refresh=7, operator=op)
     html = client(web).get("/").text
@@ -373,7 +373,7 @@ def test_replay_of_thousands_runs_in_the_background_with_progress(web, fake):
 
 
 def test_parked_retries_list_redeliver_now_and_delete(web, op, fake):
-    store = op.parked.store
+    store = op.store.home.store
     letter = dead_letter(fake, task="shop.charge")
     for n in (1, 2):
         env = Envelope(b"[]", None, None, dict(letter.headers, id=f"t{n}", task="shop.charge"), {}, "", "orders",

@@ -1,0 +1,134 @@
+"""The delayed store and archive split over shards (``dlq_store_shards``), and read as one.
+
+Each shard is a key set with its own hash tag (:class:`~celery_dlq.redis.keys.Shards`),
+so on a Redis Cluster the shards spread over the masters while every Lua
+script still touches one slot. A task's entries, delivery counters, audit
+markers and archive events live in the shard its id picks; the home set
+(``{<prefix>}``) keeps what belongs to no task, and whatever was parked there
+before sharding was turned on.
+
+:class:`ShardedStore` gives the readers (operator tools, exporter, web) the
+read and manage half of :class:`~celery_dlq.redis.store.DelayedStore` over
+every shard at once; the worker writes to ``of(task_id)`` and its mover
+serves :attr:`ShardedStore.all`. With one shard it is the plain store.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.keys import Keys, Shards
+from celery_dlq.redis.replication import Replication
+from celery_dlq.redis.store import DelayedStore, Entry
+from celery_dlq.settings import DLQSettings
+
+
+def shards_of(settings: DLQSettings) -> Shards:
+    """The store's key sets of these settings (``dlq_key_prefix``, kombu's ``global_keyprefix``, ``dlq_store_shards``)."""
+    return Shards(settings.key_prefix, settings.global_keyprefix, settings.store_shards)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard: its keys, its part of the delayed store, its archive stream."""
+
+    keys: Keys
+    store: DelayedStore
+    archive: EventLog
+
+
+class ShardedStore:
+    """Every shard of the store on one client, and the store's read API over all of them."""
+
+    def __init__(self, client: Any, shards: Shards, *, events_max_length: int = 0,
+                 clock: Callable[[], float] = time.time, replication: Replication | None = None) -> None:
+        self.client, self.shards = client, shards
+        made = {keys.base: Shard(keys, DelayedStore(client, keys, clock=clock, replication=replication),
+                                 EventLog(client, keys, events_max_length))
+                for keys in shards.all}
+        #: Every shard readers read and movers serve: the home set first.
+        self.all: tuple[Shard, ...] = tuple(made[keys.base] for keys in shards.all)
+        self._by_index = tuple(made[keys.base] for keys in shards.shards)
+        self.home = made[shards.home.base]
+
+    def __len__(self) -> int:
+        return len(self._by_index)
+
+    def of(self, task_id: str | None) -> Shard:
+        """The shard of ``task_id``'s entries, counters and events."""
+        return self._by_index[self.shards.index(task_id)]
+
+    # -- the read and manage API of DelayedStore, over every shard -----------------
+
+    def entries(self, queue: str | None = None, batch: int = 500) -> Iterator[Entry]:
+        """Parked and leased entries of every shard, earliest first (``DelayedStore.entries``)."""
+        if len(self.all) == 1:
+            return self.home.store.entries(queue, batch)
+        return heapq.merge(*(shard.store.entries(queue, batch) for shard in self.all),
+                           key=lambda entry: entry.next_time)
+
+    def get(self, entry_id: str) -> Entry | None:
+        for shard in self._looking_for(entry_id):
+            entry = shard.store.get(entry_id)
+            if entry is not None:
+                return entry
+        return None
+
+    def remove(self, entry_id: str) -> bool:
+        return any(shard.store.remove(entry_id) for shard in self._looking_for(entry_id))
+
+    def redeliver_now(self, entry_id: str | None = None, now: float | None = None) -> int:
+        if entry_id is not None:
+            return next((1 for shard in self._looking_for(entry_id) if shard.store.redeliver_now(entry_id, now)), 0)
+        return sum(shard.store.redeliver_now(None, now) for shard in self.all)
+
+    def count(self) -> int:
+        return sum(shard.store.count() for shard in self.all)
+
+    def counts_by_queue(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for shard in self.all:
+            total.update(shard.store.counts_by_queue())
+        return dict(total)
+
+    def next_due(self) -> float | None:
+        due = [d for d in (shard.store.next_due() for shard in self.all) if d is not None]
+        return min(due) if due else None
+
+    def stats(self) -> dict[str, int]:
+        """The ``stats`` counters summed over every shard."""
+        return sum_hashes(self.client, [shard.keys.stats for shard in self.all])
+
+    def _looking_for(self, entry_id: str) -> list[Shard]:
+        """The shards to look in for ``entry_id`` (``<task id>:<delivery>[:<tag>]``), likeliest first.
+
+        A task id may itself hold colons, so every split is a candidate; the
+        remaining shards follow (the home set keeps entries parked before
+        sharding), so nothing parked is out of reach.
+        """
+        if len(self.all) == 1:
+            return [self.home]
+        first: list[Shard] = []
+        parts = entry_id.split(":")
+        for cut in range(len(parts) - 1, 0, -1):
+            shard = self.of(":".join(parts[:cut]))
+            if shard not in first:
+                first.append(shard)
+        return first + [shard for shard in self.all if shard not in first]
+
+
+def sum_hashes(client: Any, keys: list[str]) -> dict[str, int]:
+    """Field -> integer summed over the hashes ``keys`` (one pipeline; each key its own slot is fine)."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    total: Counter[str] = Counter()
+    for row in pipe.execute():
+        for field, value in (row or {}).items():
+            name = field.decode() if isinstance(field, bytes) else str(field)
+            total[name] += int(value)
+    return dict(total)
