@@ -2,7 +2,7 @@
 
 One checkpoint file per stream under the export's ``PATH``:
 ``_checkpoint.json`` for the (home) stream of an unsharded store, and
-``_checkpoint.shard-<i>.json`` for shard ``i``'s stream of a sharded one
+``_checkpoint.shard-<s>.json`` for shard ``s``'s stream of a sharded one
 (``dlq_store_shards``). See :mod:`celery_dlq.analytics.export` for how
 they make an export exactly-once and tell what was trimmed before export.
 """
@@ -90,12 +90,9 @@ class StreamState:
 
     @classmethod
     def read(cls, client: Any, key: str) -> StreamState | None:
-        """The state of stream ``key`` (one atomic round trip), or None if there is no stream."""
-        pipe = client.pipeline(transaction=True)
-        pipe.exists(key)
-        pipe.xinfo_stream(key)
+        """The state of stream ``key`` (one ``XINFO STREAM``, atomic), or None if there is no stream."""
         try:
-            _, info = pipe.execute()
+            info = client.xinfo_stream(key)
         except Exception as exc:  # no such key
             if "no such key" in str(exc).lower():
                 return None

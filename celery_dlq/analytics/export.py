@@ -3,9 +3,9 @@
 Layout under ``PATH`` (a local path or any pyarrow filesystem URI, ``s3://``)::
 
     PATH/_checkpoint.json                          the last exported stream id, and the stream's name
-    PATH/_checkpoint.shard-<i>.json                the same for shard i's stream (dlq_store_shards > 1)
+    PATH/_checkpoint.shard-<s>.json                the same for shard s's stream (dlq_store_shards > 1)
     PATH/events/dt=YYYY-MM-DD/queue=Q/part-<first id>-<n>.parquet
-    PATH/events/dt=YYYY-MM-DD/queue=Q/part-<i>-<first id>-<n>.parquet   shard i's events
+    PATH/events/dt=YYYY-MM-DD/queue=Q/part-<s>-<first id>-<n>.parquet   shard s's events
     PATH/snapshots/snapshot-<UTC time>.parquet     with --snapshot: what the DLQs hold right now
 
 ``dt`` is the event's UTC date and ``queue`` its original queue (URI-escaped,
@@ -28,8 +28,9 @@ returned (``events_lost``): export more often or raise the cap.
 
 **Every shard.** A sharded store (``dlq_store_shards`` > 1) has a stream per
 shard, and the home stream of what belongs to no task. Each is exported
-with its own checkpoint into the one dataset; a shard's event ids carry
-``-<i>`` after the stream id (``<ms>-<seq>-<i>``), so ids stay unique.
+with its own checkpoint into the one dataset; a shard's event ids carry its
+name (``s``: its hash tag after the prefix, :func:`shard_name`) after the
+stream id, ``<ms>-<seq>-<s>``, so ids stay unique across streams.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from celery_dlq.analytics.checkpoint import Checkpoint, StreamState, checkpoint_
 from celery_dlq.analytics.fs import filesystem
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.ops.operator import Operator
-from celery_dlq.redis.keys import Shards
+from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
 
 logger = logging.getLogger(__name__)
@@ -242,18 +243,24 @@ def _flush(fs: pafs.FileSystem, root: str, base: str, checkpoint: Checkpoint,
     return files
 
 
-def export_store(client: Any, shards: Shards, out: str) -> ExportResult:
-    """Export every stream of the store (:class:`~celery_dlq.redis.keys.Shards`): the home stream, then each
-    shard's, into one dataset; the result adds them up (``last_id``: the newest event exported)."""
-    results = [export_events(client, shards.home, out)]
-    if len(shards) > 1:
-        results += [export_events(client, keys, out, shard=str(i)) for i, keys in enumerate(shards.shards)]
+def export_store(client: Any, store: ShardedStore, out: str) -> ExportResult:
+    """Export every stream of the store: the home stream, then each shard's (an earlier shard count's
+    included), into one dataset; the result adds them up (``last_id``: the newest event exported)."""
+    home = store.shards.home
+    results = [export_events(client, shard.keys, out,
+                             shard=None if shard.keys is home else shard_name(home.prefix, shard.keys.prefix))
+               for shard in store.all]
     ids = [r.last_id for r in results if r.last_id]
     lost = [r.events_lost for r in results]
     return ExportResult(rows=sum(r.rows for r in results), files=tuple(f for r in results for f in r.files),
                         last_id=max(ids, key=parse_id) if ids else None,
                         events_lost=None if None in lost else sum(lost),
                         seconds=sum(r.seconds for r in results))
+
+
+def shard_name(prefix: str, tag: str) -> str:
+    """A shard's name in file names and event ids: its hash tag after ``<prefix>:``, dots for colons (``0.3``)."""
+    return tag[len(prefix) + 1:].replace(":", ".")
 
 
 # -- snapshot of the DLQs --------------------------------------------------------
@@ -328,7 +335,7 @@ def export_app(app: Any, out: str, *, snapshot: bool = False, now: float | None 
     installs nothing on the app.
     """
     operator = Operator(app)
-    result = export_store(operator.client, operator.store.shards, out)
+    result = export_store(operator.client, operator.store, out)
     if not snapshot:
         return result
     rows, path = export_snapshot(dlq_contents(operator), out, now=now)

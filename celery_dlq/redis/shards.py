@@ -20,11 +20,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from celery_dlq.message import as_text as _text
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, Shards
 from celery_dlq.redis.replication import Replication
 from celery_dlq.redis.store import DelayedStore, Entry
 from celery_dlq.settings import DLQSettings
+
+
+#: How often a long-running reader or mover looks for the shards of another shard count (seconds).
+LAYOUT_EVERY = 60.0
 
 
 def shards_of(settings: DLQSettings) -> Shards:
@@ -42,18 +47,45 @@ class Shard:
 
 
 class ShardedStore:
-    """Every shard of the store on one client, and the store's read API over all of them."""
+    """Every shard of the store on one client, and the store's read API over all of them.
+
+    The shards of an earlier ``dlq_store_shards`` (recorded in the home
+    set's ``layout`` SET by every worker, ``register=True``) are read and
+    served too, until they are empty: changing the shard count strands
+    nothing. That set is read on first use and every :data:`LAYOUT_EVERY`
+    seconds after, never at construction, so building a store costs no
+    round trip and an exporter starts while Redis is down.
+    """
 
     def __init__(self, client: Any, shards: Shards, *, events_max_length: int = 0,
-                 clock: Callable[[], float] = time.time, replication: Replication | None = None) -> None:
-        self.client, self.shards = client, shards
-        made = {keys.base: Shard(keys, DelayedStore(client, keys, clock=clock, replication=replication),
-                                 EventLog(client, keys, events_max_length))
-                for keys in shards.all}
-        #: Every shard readers read and movers serve: the home set first.
-        self.all: tuple[Shard, ...] = tuple(made[keys.base] for keys in shards.all)
-        self._by_index = tuple(made[keys.base] for keys in shards.shards)
-        self.home = made[shards.home.base]
+                 clock: Callable[[], float] = time.time, replication: Replication | None = None,
+                 register: bool = False) -> None:
+        self.client, self.shards, self.register = client, shards, register
+        self._make = lambda keys: Shard(keys, DelayedStore(client, keys, clock=clock, replication=replication),
+                                        EventLog(client, keys, events_max_length))
+        self._made: dict[str, Shard] = {}
+        self._by_index = tuple(self._shard(keys) for keys in shards.shards)
+        self.home = self._shard(shards.home)
+        self._all: tuple[Shard, ...] | None = None
+        self._layout_at = 0.0
+
+    def _shard(self, keys: Keys) -> Shard:
+        if keys.base not in self._made:
+            self._made[keys.base] = self._make(keys)
+        return self._made[keys.base]
+
+    @property
+    def all(self) -> tuple[Shard, ...]:
+        """Every shard readers read and movers serve: the home set first, then the shards, then an earlier
+        shard count's (read from Redis on first use, again every :data:`LAYOUT_EVERY` s)."""
+        if self._all is None or time.monotonic() - self._layout_at >= LAYOUT_EVERY:
+            layout = self.shards.home.layout
+            if self.register and self.shards.tags and self._all is None:
+                self.client.sadd(layout, *self.shards.tags)
+            earlier = sorted(_text(tag) for tag in self.client.smembers(layout))
+            self._all = tuple(self._shard(keys) for keys in self.shards.with_earlier(earlier).all)
+            self._layout_at = time.monotonic()
+        return self._all
 
     def __len__(self) -> int:
         return len(self._by_index)

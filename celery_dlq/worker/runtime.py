@@ -157,7 +157,7 @@ class Runtime:
         replication = (Replication(self._client, settings.store_min_replicas, settings.store_replica_timeout)
                        if settings.store_min_replicas else None)
         self._sharded = ShardedStore(self._client, self.shards, events_max_length=settings.events_max_length,
-                                     replication=replication)
+                                     replication=replication, register=True)
         self._counters = DeliveryCounters(self._client, self.shards, scripts, settings.delivery_count_ttl)
         self._deadletterer = DeadLetterer(self.app, self._client, self._sharded, audit_ttl=settings.audit_ttl,
                                           redis_url=settings.redis_url, events=self.events)

@@ -1,25 +1,34 @@
 """The store on a Redis Cluster (``dlq_redis_cluster``): three masters on loopback ports, the broker a plain Redis.
 
-Every store key shares one hash tag, so each script runs on one node; the
-worker parks, counts and moves through redis-py's cluster client, and the
-operator tools read the same store.
+Unsharded, every store key shares one hash tag, so the whole store sits on
+one node; with ``dlq_store_shards = 6`` it spreads over every master, each
+script still on one node. The worker parks, counts and moves through
+redis-py's cluster client, and the operator tools and the export read the
+same store.
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+import uuid
+from collections import Counter
+
+import pyarrow.dataset as ds
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from celery_dlq.redis.keys import Shards
 from tests.integration.conftest import ROOT
 from tests.redis_server import RedisClusterServers
 
 pytestmark = pytest.mark.integration
 
 TASKS = 200
+SHARDED_TASKS = 3000
 
 
 @pytest.fixture
@@ -68,3 +77,68 @@ def test_a_store_on_a_redis_cluster_parks_and_redelivers_every_delivery_once(har
     queues = dlq(harness, conf, "queues", "--json")
     assert queues.returncode == 0, queues.stderr
     assert {row["queue"]: row["parked"] for row in json.loads(queues.stdout)}[harness.queue] == 3
+
+
+def two_task_ids_per_shard(shards: Shards) -> list[str]:
+    """Task ids chosen so that every shard holds two of them."""
+    ids: dict[int, list[str]] = {i: [] for i in range(len(shards))}
+    while any(len(found) < 2 for found in ids.values()):
+        task_id = str(uuid.uuid4())
+        if len(ids[shards.index(task_id)]) < 2:
+            ids[shards.index(task_id)].append(task_id)
+    return [task_id for found in ids.values() for task_id in found]
+
+
+def test_a_sharded_store_spreads_over_every_master_and_every_tool_reads_all_of_it(harness, cluster, tmp_path):
+    conf = {"dlq_redis_url": cluster.url, "dlq_redis_cluster": True, "dlq_store_shards": 6}
+    harness.extra_env.update(DLQ_TEST_CONF=json.dumps(conf), DLQ_TEST_REDIS=harness.broker)
+    harness.worker(concurrency=2)
+    shards = Shards(harness.prefix, count=6)
+    waiting = two_task_ids_per_shard(shards)
+    for i, task_id in enumerate(waiting):
+        harness.send("proj.park_long", args=(i,), task_id=task_id)
+    started = time.monotonic()
+    flaky = [harness.send("proj.flaky", args=(2, i)).id for i in range(SHARDED_TASKS)]
+    harness.wait_until(lambda: harness.redis.llen(f"{harness.prefix}:log") >= 3 * SHARDED_TASKS,
+                       timeout=600, message="every flaky task delivered three times")
+    seconds = time.monotonic() - started
+    by_task: dict[str, list[int]] = {}
+    for row in harness.deliveries():
+        by_task.setdefault(row["id"], []).append(row["delivery"])
+    assert set(by_task) == set(flaky)
+    assert all(sorted(by_task[t]) == [1, 2, 3] for t in flaky), "each delivery exactly once, none skipped"
+    print(f"\n{SHARDED_TASKS} tasks x 3 deliveries over 6 shards on 3 masters: {seconds:.1f} s, "
+          f"{3 * SHARDED_TASKS / seconds:.0f} deliveries/s")
+
+    # Every master holds shards, parked entries and its shards' share of the 6,012 parks.
+    per_master = []
+    for node in (redis.Redis(port=n.port) for n in cluster.nodes):
+        local = {key.decode() for key in node.scan_iter(match="*{" + harness.prefix + ":*", count=1000)}
+        delayed = [key for key in local if key.endswith(":delayed")]
+        parked = sum(int(node.hget(key, "parked") or 0) for key in local if key.endswith(":stats"))
+        per_master.append((len(delayed), sum(node.zcard(key) for key in delayed), parked))
+    print(f"per master (shards with entries, entries parked now, parks counted): {per_master}")
+    assert all(shards_here >= 1 and entries >= 1 and parks > 0 for shards_here, entries, parks in per_master)
+    assert sum(parks for _, _, parks in per_master) == 2 * SHARDED_TASKS + len(waiting)
+    assert sum(entries for _, entries, _ in per_master) == len(waiting)
+    assert harness.redis.keys("*{" + harness.prefix + "*") == [], "nothing of the store on the broker"
+
+    delayed = dlq(harness, conf, "delayed", "--json")
+    assert delayed.returncode == 0, delayed.stderr
+    assert sorted(row["task_id"] for row in json.loads(delayed.stdout)) == sorted(waiting)
+    stats = dlq(harness, conf, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    counters = {row["name"]: row["value"] for row in json.loads(stats.stdout)}
+    assert counters["parked"] == 2 * SHARDED_TASKS + len(waiting) and counters["redelivered"] == 2 * SHARDED_TASKS
+    assert counters["parked_now"] == len(waiting)
+    queues = dlq(harness, conf, "queues", "--json")
+    assert queues.returncode == 0, queues.stderr
+    assert {row["queue"]: row["parked"] for row in json.loads(queues.stdout)}[harness.queue] == len(waiting)
+
+    out = tmp_path / "archive"
+    exported = dlq(harness, conf, "export", "--out", str(out), "--json")
+    assert exported.returncode == 0, exported.stderr
+    table = ds.dataset(str(out / "events"), format="parquet", partitioning="hive").to_table()
+    kinds = Counter(table.column("event_type").to_pylist())
+    assert kinds["parked"] == 2 * SHARDED_TASKS + len(waiting) and kinds["redelivered"] == 2 * SHARDED_TASKS
+    assert len(set(table.column("event_id").to_pylist())) == table.num_rows == json.loads(exported.stdout)["rows"]

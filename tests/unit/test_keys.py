@@ -9,7 +9,9 @@ import pytest
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import Keys, Shards, shard_index
+from redis.crc import key_slot
+
+from celery_dlq.redis.keys import Keys, Shards, shard_index, shard_tag
 from celery_dlq.redis.scripts import PRELUDE, SCRIPT_NAMES, Scripts, script_body, script_source
 
 LUA_DIR = resources.files("celery_dlq.redis").joinpath("lua")
@@ -44,7 +46,8 @@ def test_one_shard_is_the_unsharded_layout():
 
 def test_shards_have_their_own_hash_tags_and_a_task_always_picks_the_same():
     shards = Shards(prefix="app", count=6)
-    assert [keys.base for keys in shards.shards] == [f"{{app:{i}}}" for i in range(6)]
+    assert all(re.fullmatch(rf"\{{app:{i}(:\d+)?\}}", keys.base) for i, keys in enumerate(shards.shards))
+    assert [key_slot(keys.stats.encode()) * 6 // 16384 for keys in shards.shards] == list(range(6))  # evenly spread
     assert shards.all[0] is shards.home and shards.home.base == "{app}" and len(shards.all) == 7
     picked = {shards.index(f"task-{n}") for n in range(600)}
     assert picked == set(range(6))                       # every shard gets tasks
@@ -52,7 +55,24 @@ def test_shards_have_their_own_hash_tags_and_a_task_always_picks_the_same():
     assert shard_index("abc", 6) == 0x352441C2 % 6       # CRC-32, the same in every process and language
 
 
-@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
+def test_shard_tags_spread_over_equal_slot_ranges_for_any_count():
+    for count in (2, 3, 5, 16, 100):
+        slots = [key_slot(shard_tag("celery_dlq", i, count).encode()) for i in range(count)]
+        assert [slot * count // 16384 for slot in slots] == list(range(count)), count
+
+
+def test_an_earlier_layout_is_read_after_this_one_and_stray_tags_are_ignored():
+    shards = Shards(prefix="app", count=2)
+    older = Shards(prefix="app", count=3)
+    both = shards.with_earlier([*older.tags, *shards.tags, "other:1", "app:{x}", "app"])
+    current = [k.base for k in (shards.home, *shards.shards)]
+    assert [k.base for k in both.shards] == current[1:]
+    assert [k.base for k in both.all] == current + sorted(set(k.base for k in older.shards) - set(current))
+    assert both.of("t-1").base == shards.of("t-1").base           # writes never go to an earlier layout
+    assert Shards(prefix="app").with_earlier(older.tags).all[0].base == "{app}"
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2", 1025])
 def test_bad_shard_count_is_rejected(count):
     with pytest.raises(ConfigurationError, match="dlq_store_shards"):
         Shards(count=count)
