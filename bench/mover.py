@@ -18,6 +18,9 @@ their queue, in interleaved rounds (3; 1 with --quick), medians reported:
   trip.
 
 Target: celery-dlq >= 50% of raw, with 1 and with 3 workers.
+
+``--cluster``: the store on a Redis Cluster, 6 shards, 1 vs 3 masters
+(``bench/mover_cluster.py``).
 """
 from __future__ import annotations
 
@@ -161,7 +164,13 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--cluster", action="store_true", help="a store of 6 shards on a Redis Cluster: 1 vs 3 masters")
+    args = p.parse_args()
+    if args.cluster:
+        from bench.mover_cluster import main as cluster_main
+
+        return cluster_main(args.quick)
     n, rounds = (20000, 1) if args.quick else (100000, 3)
     server = RedisServer().start()
     times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": [], "lib1_expires": []}

@@ -1,0 +1,142 @@
+"""Benchmark 4, cluster mode (``bench/mover.py --cluster``): mover throughput over a store on 1 vs 3 masters.
+
+The store is a Redis Cluster (``dlq_redis_cluster``) split into 6 shards
+(``dlq_store_shards = 6``), the broker a plain redis-server, as the
+deployment the sharded store is for. N parked retries (30,000; 6,000 with
+--quick), spread over the shards by task id as the engine parks them (the
+publish format, since the store is not the broker), all due, are moved back
+to their queue by 3 movers, each in its own process (as 3 workers), in
+interleaved rounds (3; 1 with --quick), medians reported:
+
+- 1 master: a one-node cluster holding every slot (all 6 shards on it);
+- 3 masters: ``redis-cli --cluster create`` over 3 nodes (2 shards each).
+
+A store on more masters spreads the Redis work; whether that shows depends
+on the cores left for it: on a 2-core machine the 3 mover processes, the
+broker and the masters share two cores, so expect little or no gain.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import multiprocessing
+import time
+from typing import Any
+
+from bench.common import RedisServer, machine, median, print_table, redis_server_version
+from tests.redis_server import RedisClusterServers
+
+QUEUE = "bench4c"
+SHARDS = 6
+MOVERS = 3
+PREFIX = "b4c"
+
+
+def make_app(broker: str, store: str) -> Any:
+    from celery import Celery
+
+    import celery_dlq
+
+    app = Celery("bench4c", broker=broker, set_as_current=False)
+    app.conf.update(task_default_queue=QUEUE, dlq_key_prefix=PREFIX, dlq_redis_url=store, dlq_redis_cluster=True,
+                    dlq_store_shards=SHARDS, dlq_mover_batch_size=100)
+    celery_dlq.install(app)
+    return app
+
+
+def park_all(broker: str, store: str, n: int) -> int:
+    """Park n real noop messages as the engine does with a store of its own (publish format), due now."""
+    import redis
+
+    from celery_dlq.message import Envelope
+    from celery_dlq.worker.runtime import runtime_of
+
+    app = make_app(broker, store)
+    runtime = runtime_of(app)
+    client = redis.Redis.from_url(broker)
+    app.send_task("bench.noop", args=(1,), queue="bench.sample")
+    msg = json.loads(client.rpop("bench.sample"))
+    due = time.time() - 1
+    for i in range(n):
+        task_id = f"bench-{i:06d}"
+        envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
+                            content_encoding=msg["content-encoding"], headers=dict(msg["headers"], id=task_id),
+                            properties={"correlation_id": task_id}, exchange="", routing_key=QUEUE, queue=QUEUE)
+        assert runtime.shard(task_id).store.park(f"{task_id}:2", envelope.dumps(), QUEUE, due, task="bench.noop")
+    size = len(envelope.dumps())
+    client.close()
+    app.close()
+    return size
+
+
+def _mover(broker: str, store: str, ready: Any, go: Any) -> None:
+    from celery_dlq.worker.mover import MoverThread
+    from celery_dlq.worker.runtime import runtime_of
+
+    app = make_app(broker, store)
+    runtime = runtime_of(app)
+    mover = MoverThread(app, runtime)
+    runtime.sharded.all          # connect and read the layout before the clock starts
+    with app.producer_or_acquire():
+        pass
+    ready.release()
+    go.wait()
+    while mover.move_due():
+        pass
+    app.close()
+
+
+def run(broker: str, cluster: RedisClusterServers, n: int) -> float:
+    import redis
+
+    client = redis.Redis.from_url(broker)
+    client.flushdb()
+    cluster.flush()
+    park_all(broker, cluster.url, n)
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    movers = [ctx.Process(target=_mover, args=(broker, cluster.url, ready, go)) for _ in range(MOVERS)]
+    for mover in movers:
+        mover.start()
+    for _ in movers:
+        ready.acquire()
+    t0 = time.perf_counter()
+    go.set()
+    for mover in movers:
+        mover.join()
+    seconds = time.perf_counter() - t0
+    assert all(mover.exitcode == 0 for mover in movers)
+    assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
+    client.flushdb()
+    client.close()
+    return seconds
+
+
+def main(quick: bool) -> None:
+    n, rounds = (6000, 1) if quick else (30000, 3)
+    broker = RedisServer().start()
+    clusters = {1: RedisClusterServers(masters=1), 3: RedisClusterServers(masters=3)}
+    times: dict[int, list[float]] = {masters: [] for masters in clusters}
+    try:
+        for cluster in clusters.values():
+            cluster.start()
+        import redis
+
+        print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(broker.url))}")
+        print(f"{n} parked and due over {SHARDS} shards, {MOVERS} mover processes, broker a plain Redis, "
+              f"{rounds} interleaved round(s)\n")
+        for r in range(rounds):
+            for masters, cluster in clusters.items():
+                seconds = run(broker.url, cluster, n)
+                times[masters].append(seconds)
+                print(f"  round {r + 1}: {masters} master(s) {seconds:7.2f} s  {n / seconds:9.0f} msg/s", flush=True)
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+        broker.stop()
+    one, three = median(times[1]), median(times[3])
+    print()
+    print_table(["store (median)", "seconds", "msg/s"],
+                [["cluster, 1 master", f"{one:.2f}", f"{n / one:.0f}"],
+                 ["cluster, 3 masters", f"{three:.2f}", f"{n / three:.0f}"]])
+    print(f"3 masters vs 1: {one / three:.2f}x the throughput")
