@@ -69,7 +69,7 @@ def park_all(broker: str, store: str, n: int) -> int:
     return size
 
 
-def _mover(broker: str, store: str, ready: Any, go: Any) -> None:
+def _mover(broker: str, store: str, ready: Any, go: Any, spent: Any) -> None:
     from celery_dlq.worker.mover import MoverThread
     from celery_dlq.worker.runtime import runtime_of
 
@@ -81,12 +81,22 @@ def _mover(broker: str, store: str, ready: Any, go: Any) -> None:
         pass
     ready.release()
     go.wait()
+    cpu = time.process_time()
     while mover.move_due():
         pass
+    spent.put(time.process_time() - cpu)
     app.close()
 
 
-def run(broker: str, cluster: RedisClusterServers, n: int) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far."""
+    import psutil
+
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def run(broker: str, cluster: RedisClusterServers, n: int, redis_pids: list[int]) -> tuple[float, float, float]:
+    """Seconds to move n due retries, and the CPU seconds the 3 movers and the Redis servers used meanwhile."""
     import redis
 
     client = redis.Redis.from_url(broker)
@@ -94,22 +104,25 @@ def run(broker: str, cluster: RedisClusterServers, n: int) -> float:
     cluster.flush()
     park_all(broker, cluster.url, n)
     ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    movers = [ctx.Process(target=_mover, args=(broker, cluster.url, ready, go)) for _ in range(MOVERS)]
+    ready, go, spent = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+    movers = [ctx.Process(target=_mover, args=(broker, cluster.url, ready, go, spent)) for _ in range(MOVERS)]
     for mover in movers:
         mover.start()
     for _ in movers:
         ready.acquire()
+    servers = cpu_seconds(redis_pids)
     t0 = time.perf_counter()
     go.set()
+    mover_cpu = sum(spent.get(timeout=600) for _ in movers)   # each mover's CPU from "go" to drained
+    seconds = time.perf_counter() - t0
+    servers = cpu_seconds(redis_pids) - servers
     for mover in movers:
         mover.join()
-    seconds = time.perf_counter() - t0
     assert all(mover.exitcode == 0 for mover in movers)
     assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
     client.flushdb()
     client.close()
-    return seconds
+    return seconds, mover_cpu, servers
 
 
 def main(quick: bool) -> None:
@@ -117,6 +130,7 @@ def main(quick: bool) -> None:
     broker = RedisServer().start()
     clusters = {1: RedisClusterServers(masters=1), 3: RedisClusterServers(masters=3)}
     times: dict[int, list[float]] = {masters: [] for masters in clusters}
+    cpu: dict[int, list[tuple[float, float]]] = {masters: [] for masters in clusters}
     try:
         for cluster in clusters.values():
             cluster.start()
@@ -127,16 +141,23 @@ def main(quick: bool) -> None:
               f"{rounds} interleaved round(s)\n")
         for r in range(rounds):
             for masters, cluster in clusters.items():
-                seconds = run(broker.url, cluster, n)
+                pids = [broker._proc.pid, *(node._proc.pid for node in cluster.nodes)]
+                seconds, movers_cpu, redis_cpu = run(broker.url, cluster, n, pids)
                 times[masters].append(seconds)
-                print(f"  round {r + 1}: {masters} master(s) {seconds:7.2f} s  {n / seconds:9.0f} msg/s", flush=True)
+                cpu[masters].append((movers_cpu, redis_cpu))
+                print(f"  round {r + 1}: {masters} master(s) {seconds:7.2f} s  {n / seconds:9.0f} msg/s  "
+                      f"CPU: movers {movers_cpu:.2f} s, redis-servers {redis_cpu:.2f} s", flush=True)
     finally:
         for cluster in clusters.values():
             cluster.stop()
         broker.stop()
     one, three = median(times[1]), median(times[3])
     print()
-    print_table(["store (median)", "seconds", "msg/s"],
-                [["cluster, 1 master", f"{one:.2f}", f"{n / one:.0f}"],
-                 ["cluster, 3 masters", f"{three:.2f}", f"{n / three:.0f}"]])
+    rows = []
+    for masters, t in ((1, one), (3, three)):
+        movers_cpu = median([m for m, _ in cpu[masters]])
+        redis_cpu = median([r for _, r in cpu[masters]])
+        rows.append([f"cluster, {masters} master{'s' if masters > 1 else ''}", f"{t:.2f}", f"{n / t:.0f}",
+                     f"{movers_cpu:.2f}", f"{redis_cpu:.2f}"])
+    print_table(["store (median)", "seconds", "msg/s", "movers' CPU s", "redis-servers' CPU s"], rows)
     print(f"3 masters vs 1: {one / three:.2f}x the throughput")
