@@ -83,11 +83,23 @@ class MoverThread(threading.Thread):
         claimed and published as on any other broker.
 
         With ``dlq_store_shards`` > 1 every shard is served in turn, starting
-        one further each pass, so no shard always waits for the others.
+        one further each pass, so no shard always waits for the others; a
+        shard that fails (its master down) does not stop the others: the
+        first error is raised once every shard has had its turn.
         """
         shards = self.runtime.sharded.all
         self._turn = (self._turn + 1) % len(shards)
-        return sum(self._move_shard(shard) for shard in shards[self._turn:] + shards[:self._turn])
+        moved, error = 0, None
+        for shard in shards[self._turn:] + shards[:self._turn]:
+            try:
+                moved += self._move_shard(shard)
+            except Exception as exc:
+                if len(shards) == 1:
+                    raise
+                error = error or exc
+        if error is not None:
+            raise error
+        return moved
 
     def _move_shard(self, shard: Shard) -> int:
         moved, left = self._move_inside_redis(shard) if self.runtime.direct else (0, 1)
