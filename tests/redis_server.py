@@ -24,6 +24,8 @@ class RedisServer:
     """Start with :meth:`start`, stop with :meth:`stop`; ``url`` names it."""
 
     def __init__(self, port: int | None = None, *args: str) -> None:
+        #: A port the caller chose is kept; a free one picked here is picked again if taken meanwhile.
+        self._port_given = port is not None
         self.port = port or free_port()
         #: Extra redis-server arguments (they override the defaults), e.g. "--appendonly", "yes".
         self.args = args
@@ -32,6 +34,23 @@ class RedisServer:
         self._proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start it and wait until it answers; the server answering must be this one.
+
+        Between :func:`free_port` and the server's bind another process of a
+        parallel test run can take the port; a PING would then be answered by
+        that process. The answer's ``process_id`` tells; a port picked here is
+        then picked again.
+        """
+        for _ in range(5):
+            if self._start(timeout):
+                return self
+            if self._port_given:
+                break
+            self.port = free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def _start(self, timeout: float) -> bool:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH (scripts/test.sh installs it)")
@@ -41,18 +60,24 @@ class RedisServer:
              "--daemonize", "no", "--loglevel", "warning", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port)
         deadline = time.monotonic() + timeout
-        while True:
+        while self._proc.poll() is None and time.monotonic() < deadline:
             try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start")
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"INFO server\r\n")   # the default user (no password) may, in every test
+                    reply = sock.recv(65536)
+            except OSError:
                 time.sleep(0.05)
-        client.close()
-        return self
+                continue
+            if f"process_id:{self._proc.pid}".encode() in reply:
+                return True
+            if reply.startswith(b"$"):
+                break                                   # another server holds the port
+            time.sleep(0.05)                            # loading, or not a full reply yet
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        return False
 
     def shutdown(self) -> None:
         """SHUTDOWN, as an upgrade would: what persistence is on (AOF) is written; the directory is kept."""

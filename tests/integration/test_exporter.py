@@ -169,8 +169,8 @@ def test_redis_stopped_gives_redis_up_0_and_the_exporter_recovers(tmp_path, uniq
         exporter = ExporterProcess(ops_env(url, queue, f"p{unique}"), log).start()
         exporters.append(exporter)
         got = exporter.scrape()
+        assert got[("celery_dlq_redis_up", ())] == 1, log.read_text()
         assert got[("celery_dlq_dead_letters", (("dlq", f"DLQ.{queue}"), ("queue", queue)))] == 4
-        assert got[("celery_dlq_redis_up", ())] == 1
 
         server.stop()
         for _ in range(3):
