@@ -7,7 +7,9 @@ arrival - due, i.e. how late the message was back on its queue (the
 redelivery), not when a task started (that would add the workers' queueing).
 
 - celery-dlq: the mover of a real ``celery worker`` (prefork -c 2, consuming
-  another, idle queue) with the default ``dlq_mover_interval`` of 0.2 s;
+  another, idle queue) with the default ``dlq_mover_interval`` of 0.2 s; it
+  ticks at that interval and also wakes for the next due entry when that is
+  sooner (at most every 20 ms);
 - raw: a loop in this process that runs the benchmark's raw Lua move (see
   bench/mover.py) every 0.2 s: the lateness that polling at that interval
   costs by itself;
