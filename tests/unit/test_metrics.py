@@ -424,3 +424,19 @@ def test_serve_answers_on_the_address_it_bound_until_closed(redis_server, unique
     finally:
         running.close()
     assert not running.thread.is_alive()
+
+
+def test_a_sharded_store_is_scraped_as_one(any_redis, unique):
+    s = Setup(any_redis, unique, dlq_store_shards=3)
+    tasks = [f"t{n}" for n in range(12)]
+    for n, task_id in enumerate(tasks):
+        shard = s.op.store.of(task_id)
+        assert shard.store.park(f"{task_id}:2", b"p", s.queue if n % 3 else "other", due=T0 - 60 if n < 4 else T0 + 60)
+        incr(s.client, shard.keys, Metric.PARKED, 1, queue=s.queue, task="shop.charge")
+    s.op.store.home.store.park("before-sharding:2", b"p", s.queue, due=T0 + 60)      # still read
+    assert len({s.op.store.shards.index(t) for t in tasks}) == 3                      # every shard holds some
+    got = scrape(s.collector)
+    assert got[("celery_dlq_parked", (("queue", s.queue),))] == 9
+    assert got[("celery_dlq_parked", (("queue", "other"),))] == 4
+    assert got[("celery_dlq_parked_total", (("queue", s.queue), ("task", "shop.charge")))] == 12
+    assert overdue(got) == {s.queue: 2, "other": 2}                                   # t0..t3, due a minute ago
