@@ -20,6 +20,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _bulk_reply(sock: socket.socket) -> bytes:
+    """One RESP reply read whole: a bulk string (``$<n>\\r\\n`` then n bytes), or an error line."""
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    if not data.startswith(b"$"):
+        return data
+    size = int(data[1:data.index(b"\r\n")])
+    while len(data) < data.index(b"\r\n") + 2 + size:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 class RedisServer:
     """Start with :meth:`start`, stop with :meth:`stop`; ``url`` names it."""
 
@@ -64,16 +83,17 @@ class RedisServer:
         while self._proc.poll() is None and time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
-                    sock.sendall(b"INFO server\r\n")   # the default user (no password) may, in every test
-                    reply = sock.recv(65536)
+                    sock.sendall(b"INFO\r\n")          # the default user (no password) may, in every test
+                    reply = _bulk_reply(sock)
             except OSError:
                 time.sleep(0.05)
                 continue
-            if f"process_id:{self._proc.pid}".encode() in reply:
-                return True
-            if reply.startswith(b"$"):
-                break                                   # another server holds the port
-            time.sleep(0.05)                            # loading, or not a full reply yet
+            if f"process_id:{self._proc.pid}".encode() not in reply:
+                if reply.startswith(b"$"):
+                    break                               # another server holds the port
+            elif b"\r\nloading:0" in reply:
+                return True                             # ours, and done loading its AOF
+            time.sleep(0.05)
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
