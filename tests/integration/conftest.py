@@ -111,6 +111,19 @@ class Harness:
         raw = self.redis.lrange(dlq or f"DLQ.{self.queue}", 0, -1)
         return [json.loads(r) for r in reversed(raw)]
 
+    def dlq(self, *args: str, conf: dict | None = None) -> subprocess.CompletedProcess:
+        """``celery -A tests.integration.ops_app dlq ARGS`` on this test's broker and key prefix; ``conf``:
+        settings the operator's app adds (a store of its own, shards)."""
+        return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", *args],
+                              cwd=ROOT, env=self.env(DLQ_TEST_OPS_CONF=json.dumps(conf or {})),
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+    def dlq_json(self, *args: str, conf: dict | None = None):
+        """:meth:`dlq` with ``--json``, which must succeed: its output, parsed."""
+        proc = self.dlq(*args, "--json", conf=conf)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
     def wait_until(self, predicate, timeout: float = 30, message: str = "condition") -> None:
         deadline = time.monotonic() + timeout
         while not predicate():

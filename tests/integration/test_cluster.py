@@ -9,8 +9,6 @@ same store.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -22,7 +20,6 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_dlq.redis.keys import Shards
-from tests.integration.conftest import ROOT
 from tests.redis_server import RedisClusterServers
 
 pytestmark = pytest.mark.integration
@@ -38,10 +35,14 @@ def cluster():
     servers.stop()
 
 
-def dlq(harness, conf: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", *args],
-                          cwd=ROOT, env=harness.env(DLQ_TEST_OPS_CONF=json.dumps(conf)), capture_output=True,
-                          text=True, timeout=120)
+def assert_the_tools_see_it_all(harness, conf: dict, waiting: list[str], parks: int, redeliveries: int) -> None:
+    """``celery dlq delayed``, ``stats`` and ``queues`` over the store: the waiting retries and every count."""
+    assert sorted(row["task_id"] for row in harness.dlq_json("delayed", conf=conf)) == sorted(waiting)
+    counters = {row["name"]: row["value"] for row in harness.dlq_json("stats", conf=conf)}
+    assert counters["parked"] == parks and counters["redelivered"] == redeliveries
+    assert counters["parked_now"] == len(waiting)
+    queues = {row["queue"]: row["parked"] for row in harness.dlq_json("queues", conf=conf)}
+    assert queues[harness.queue] == len(waiting)
 
 
 def test_a_store_on_a_redis_cluster_parks_and_redelivers_every_delivery_once(harness, cluster):
@@ -67,16 +68,7 @@ def test_a_store_on_a_redis_cluster_parks_and_redelivers_every_delivery_once(har
     assert int(store.hget(f"{tag}:stats", "parked")) == 2 * TASKS + 3
     assert harness.redis.keys(f"{tag}*") == [], "nothing of the store on the broker"
 
-    delayed = dlq(harness, conf, "delayed", "--json")
-    assert delayed.returncode == 0, delayed.stderr
-    assert sorted(row["task_id"] for row in json.loads(delayed.stdout)) == sorted(waiting)
-    stats = dlq(harness, conf, "stats", "--json")
-    assert stats.returncode == 0, stats.stderr
-    counters = {row["name"]: row["value"] for row in json.loads(stats.stdout)}
-    assert counters["parked"] == 2 * TASKS + 3 and counters["redelivered"] == 2 * TASKS
-    queues = dlq(harness, conf, "queues", "--json")
-    assert queues.returncode == 0, queues.stderr
-    assert {row["queue"]: row["parked"] for row in json.loads(queues.stdout)}[harness.queue] == 3
+    assert_the_tools_see_it_all(harness, conf, waiting, parks=2 * TASKS + 3, redeliveries=2 * TASKS)
 
 
 def two_task_ids_per_shard(shards: Shards) -> list[str]:
@@ -123,22 +115,11 @@ def test_a_sharded_store_spreads_over_every_master_and_every_tool_reads_all_of_i
     assert sum(entries for _, entries, _ in per_master) == len(waiting)
     assert harness.redis.keys("*{" + harness.prefix + "*") == [], "nothing of the store on the broker"
 
-    delayed = dlq(harness, conf, "delayed", "--json")
-    assert delayed.returncode == 0, delayed.stderr
-    assert sorted(row["task_id"] for row in json.loads(delayed.stdout)) == sorted(waiting)
-    stats = dlq(harness, conf, "stats", "--json")
-    assert stats.returncode == 0, stats.stderr
-    counters = {row["name"]: row["value"] for row in json.loads(stats.stdout)}
-    assert counters["parked"] == 2 * SHARDED_TASKS + len(waiting) and counters["redelivered"] == 2 * SHARDED_TASKS
-    assert counters["parked_now"] == len(waiting)
-    queues = dlq(harness, conf, "queues", "--json")
-    assert queues.returncode == 0, queues.stderr
-    assert {row["queue"]: row["parked"] for row in json.loads(queues.stdout)}[harness.queue] == len(waiting)
-
+    assert_the_tools_see_it_all(harness, conf, waiting, parks=2 * SHARDED_TASKS + len(waiting),
+                                redeliveries=2 * SHARDED_TASKS)
     out = tmp_path / "archive"
-    exported = dlq(harness, conf, "export", "--out", str(out), "--json")
-    assert exported.returncode == 0, exported.stderr
+    exported = harness.dlq_json("export", "--out", str(out), conf=conf)
     table = ds.dataset(str(out / "events"), format="parquet", partitioning="hive").to_table()
     kinds = Counter(table.column("event_type").to_pylist())
     assert kinds["parked"] == 2 * SHARDED_TASKS + len(waiting) and kinds["redelivered"] == 2 * SHARDED_TASKS
-    assert len(set(table.column("event_id").to_pylist())) == table.num_rows == json.loads(exported.stdout)["rows"]
+    assert len(set(table.column("event_id").to_pylist())) == table.num_rows == exported["rows"]

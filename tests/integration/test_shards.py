@@ -6,25 +6,16 @@ workers; a new shard count strands nothing parked under the old one.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 
 from celery_dlq.redis.keys import Shards
-from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
 TASKS = 600
-
-
-def dlq(harness, conf: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", *args],
-                          cwd=ROOT, env=harness.env(DLQ_TEST_OPS_CONF=json.dumps(conf)), capture_output=True,
-                          text=True, timeout=120)
 
 
 def parks_per_shard(harness, shards: Shards) -> list[int]:
@@ -52,9 +43,7 @@ def test_three_workers_serve_four_shards_every_delivery_once(harness):
     assert sum(redelivered) == 2 * TASKS
     assert all(harness.redis.zcard(keys.delayed) == 0 for keys in shards.all)
     assert sorted(m.decode() for m in harness.redis.smembers(shards.home.layout)) == sorted(shards.tags)
-    stats = dlq(harness, conf, "stats", "--json")
-    assert stats.returncode == 0, stats.stderr
-    counters = {row["name"]: row["value"] for row in json.loads(stats.stdout)}
+    counters = {row["name"]: row["value"] for row in harness.dlq_json("stats", conf=conf)}
     assert counters["parked"] == 2 * TASKS and counters["redelivered"] == 2 * TASKS
 
 
@@ -70,10 +59,9 @@ def test_a_new_shard_count_moves_what_the_old_one_parked(harness):
     conf = {"dlq_store_shards": 2}
     harness.extra_env.update(DLQ_TEST_CONF=json.dumps(conf))
     harness.worker(name="new")
-    listed = dlq(harness, conf, "delayed", "--json")
-    assert listed.returncode == 0, listed.stderr
-    assert sorted(row["task_id"] for row in json.loads(listed.stdout)) == sorted(ids)
-    assert dlq(harness, conf, "redeliver", "--all").returncode == 0
+    assert sorted(row["task_id"] for row in harness.dlq_json("delayed", conf=conf)) == sorted(ids)
+    redelivered = harness.dlq("redeliver", "--all", conf=conf)
+    assert redelivered.returncode == 0 and "16 parked retries due now" in redelivered.stdout, redelivered.stderr
     # Delivery 2 of 2 fails again: each ends in the DLQ, moved by the new worker from the old layout's shards.
     harness.wait_until(lambda: len(harness.dead_letters()) == 16, timeout=60, message="16 dead letters")
     letters = harness.dead_letters()
