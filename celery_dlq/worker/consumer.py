@@ -21,6 +21,7 @@ from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.message import queue_of
+from celery_dlq.worker.einfo import compact_tracebacks
 from celery_dlq.worker.poolfix import keep_half_done_io
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.strategy import uncount_unstarted
@@ -55,6 +56,7 @@ class DeadLetterDiscards(bootsteps.StartStopStep):
         use_in_worker(c.app, self.runtime)   # before the Connection step connects
         controller = getattr(c, "controller", None)
         keep_half_done_io(getattr(controller, "hub", None), getattr(controller, "pool", None))
+        compact_tracebacks()   # before the pool forks: failed tasks stop copying whole position tables
         c.on_unknown_task = self._wrap(c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
         c.on_invalid_task = self._wrap(c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
         c.on_unknown_message = self._wrap(c, c.on_unknown_message, Reason.INVALID_MESSAGE, body_first=True)
