@@ -46,15 +46,25 @@ class Positions:
         return Positions, (self.index, self.position)
 
 
-class CompactCode(einfo._Code):
-    """billiard's picklable code object, its positions left for :func:`_traceback_init` to fill in."""
+class _WithoutPositions:
+    """A code object as billiard's ``_Code`` reads it, but with no positions to copy."""
 
     def __init__(self, code: Any) -> None:
-        for name in ("co_filename", "co_name", "co_argcount", "co_firstlineno", "co_flags", "co_names",
-                     "co_nlocals", "co_stacksize", "co_qualname"):
-            setattr(self, name, getattr(code, name))
-        self.co_cellvars = self.co_freevars = self.co_varnames = ()
-        self.co_code = self.co_lnotab = b""
+        self._code = code
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._code, name)
+
+    def co_positions(self) -> Iterator[tuple]:
+        return iter(())
+
+
+class CompactCode(einfo._Code):
+    """billiard's picklable code object (billiard copies what it copies), its positions left for
+    :func:`_traceback_init` to fill in."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(_WithoutPositions(code))
         self._co_positions = Positions(0, UNKNOWN)
 
     def __reduce__(self) -> tuple:   # unpickles as billiard's own class, as before
