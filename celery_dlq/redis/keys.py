@@ -20,15 +20,17 @@ Redis can be read from this module alone.
 from __future__ import annotations
 
 from bisect import bisect
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Iterable, Mapping
 from zlib import crc32
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS, key_slot
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
 
 from celery_dlq.errors import ConfigurationError
 
+#: Stands for a message's task id where it has none: in entry ids, audit keys, and to pick their shard.
+UNKNOWN_TASK_ID = "unknown"
 #: kombu's Redis transport: priority sub-lists are ``name + SEP + step``.
 SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)

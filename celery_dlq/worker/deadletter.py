@@ -24,7 +24,7 @@ from celery_dlq import headers as H
 from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.keys import UNKNOWN_TASK_ID, Stat
 from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
@@ -65,7 +65,7 @@ class DeadLetterer:
         """
         expired = reason == H.Reason.EXPIRED
         dlq = policy.expired_queue(envelope.queue) if expired else policy.dead_letter_queue(envelope.queue)
-        task_id = envelope.task_id or "unknown"
+        task_id = envelope.task_id or UNKNOWN_TASK_ID
         shard = self.store.of(task_id)
         keys = shard.keys
         if dlq is None:

@@ -34,7 +34,7 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
 from celery_dlq.redis.client import broker_client, broker_url, worker_client
 from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import QueueLists
+from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.replication import Replication
 from celery_dlq.redis.shards import Shard, ShardedStore, shards_of
@@ -254,7 +254,7 @@ class Runtime:
                                        exchange=envelope.exchange, routing_key=envelope.routing_key,
                                        failure=failure, now=now)
         copy = envelope.with_headers(headers)
-        shard = self.shard(envelope.task_id)
+        shard = self.shard(envelope.task_id or UNKNOWN_TASK_ID)   # the shard of the entry id _park_once makes
         event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
         raw = getattr(message, "_raw", None) if message is not None and self.direct else None
         if isinstance(raw, dict):
@@ -321,7 +321,7 @@ class Runtime:
         chosen by the application) must both be parked: the second gets the
         delivery tag in its entry id instead of being mistaken for a repeat.
         """
-        task_id = envelope.task_id or "unknown"
+        task_id = envelope.task_id or UNKNOWN_TASK_ID
         entry_id = f"{task_id}:{nxt}"
         if store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name, expires):
             return True
