@@ -14,8 +14,11 @@ times scrapes:
 - ``http, +200k keys``: the same after 200,000 unrelated keys are added (the
   delivery counters and audit markers a busy worker fleet keeps, or a result
   backend's keys);
-- the scrape that looks for unconfigured DLQs with SCAN, which walks the
-  whole keyspace: the collector does it at most once a minute.
+- the first scrape, which looks for unconfigured DLQs with SCAN in its own
+  thread (it walks the whole keyspace), and a scrape while that SCAN runs in
+  the collector's background thread, as every scrape after the first does
+  once a minute (``discover_every=0`` here: a SCAN starts at every scrape
+  and the next one answers while it runs).
 
 Run: ``.venv/bin/python bench/bench_exporter.py [--quick] [--scrapes N]``.
 """
@@ -34,7 +37,8 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from bench.common import RedisServer, machine, parser, redis_server_version, timed_runs  # noqa: E402
+from bench.common import (RedisServer, machine, parser, redis_server_version, timed_call,  # noqa: E402
+                          timed_runs)
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.metrics import DLQCollector, serve  # noqa: E402
 from celery_dlq.redis.keys import Keys  # noqa: E402
@@ -114,9 +118,14 @@ def check(text: str, dlqs: int, depth: int) -> None:
     assert overdue == 100, overdue
 
 
+#: Rows the target does not apply to: what they cost is reported.
+ONCE = "the first scrape of a collector"
+
+
 def row(name: str, times: list[float]) -> str:
+    verdict = "met" if statistics.median(times) < TARGET_MS else "MISSED"
     return (f"| {name} | {statistics.median(times):.1f} | {min(times):.1f} | {max(times):.1f} | "
-            f"{'met' if statistics.median(times) < TARGET_MS else 'MISSED'} |")
+            f"{'(once per start)' if name.startswith(ONCE) else verdict} |")
 
 
 def main() -> None:
@@ -159,10 +168,26 @@ def main() -> None:
         add_unrelated_keys(client, 200_000)
         results.append((f"GET /metrics, +200,000 unrelated keys ({client.dbsize():,} in all)",
                         timed_runs(http, args.scrapes)))
-        scanning = CollectorRegistry()
-        scanning.register(DLQCollector(app, discover_every=0))
-        results.append(("the same, a scrape that SCANs for DLQs (once a minute)",
-                        timed_runs(lambda: generate_latest(scanning), args.scrapes)))
+        def first_scrape() -> bytes:
+            fresh = CollectorRegistry()
+            fresh.register(DLQCollector(app))
+            return generate_latest(fresh)
+
+        check(first_scrape().decode(), args.dlqs, args.depth)
+        results.append((f"{ONCE}: SCANs in the scrape's thread (+200,000 keys)",
+                        timed_runs(first_scrape, max(3, args.scrapes // 5))))
+        scanning = DLQCollector(app, discover_every=0)
+        background = CollectorRegistry()
+        background.register(scanning)
+        generate_latest(background)
+
+        during = []
+        for _ in range(args.scrapes):
+            scanning.discovery.join()          # untimed: the previous SCAN is over, this scrape starts the next
+            text, took = timed_call(lambda: generate_latest(background))
+            check(text.decode(), args.dlqs, args.depth)
+            during.append(took)
+        results.append(("a later scrape while the background SCAN runs (+200,000 keys)", during))
         print(f"\n{args.dlqs} DLQs x {args.depth:,} dead letters, {args.scrapes} scrapes each; "
               f"target: median < {TARGET_MS:.0f} ms\n")
         print("| scrape | median ms | min ms | max ms | target |\n|---|---|---|---|---|")

@@ -15,6 +15,12 @@ again), next to the size of one message as kombu stores it. For celery-dlq,
 
 Targets: celery-dlq worker growth < 1 MB; Redis bytes per parked retry <=
 message size + 200 B.
+
+Then the floor, in the same Redis: the same number of distinct elements,
+once as the message was first sent and once as it is parked (with the next
+delivery's headers), alone in an empty database as a plain list, as
+sorted-set members and as hash fields beside sorted-set members (this
+store's layout). What no layout of these elements can go below.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (BenchWorker, RedisServer, machine, message_size, parser,  # noqa: E402
                           print_table, publish, redis_server_version, wait_until)
+from celery_dlq.redis.store import DIRECT, DirectPayload  # noqa: E402
 
 MB = 1024 * 1024
 WARMUP = 200
@@ -46,7 +53,7 @@ def waiting(client, mode: str, prefix: str) -> int:
 QUEUE = "bench3"
 
 
-def one_run(server: RedisServer, mode: str, n: int) -> dict:
+def one_run(server: RedisServer, mode: str, n: int, original: dict) -> dict:
     import redis
     from celery import Celery
 
@@ -63,6 +70,7 @@ def one_run(server: RedisServer, mode: str, n: int) -> dict:
         rss0, redis0 = worker.rss(), used_memory(client)
         # redis0 is taken before the messages exist, so the growth is all they cost while waiting
         size = message_size(app, client, "bench.park_long")
+        original["message"] = sample_message(app, client, "bench.park_long")
         t0 = time.monotonic()
         publish(app, "bench.park_long", n, QUEUE)
         wait_until(lambda: waiting(client, mode, prefix) >= WARMUP + n, 900, 0.1, f"{n} waiting retries")
@@ -81,6 +89,7 @@ def one_run(server: RedisServer, mode: str, n: int) -> dict:
             keys[f"count:* ({len(counters)} keys)"] = int(per * len(counters))
             payload = client.hget(f"{base}:payloads", client.zrange(f"{base}:delayed", -1, -1)[0])
             keys["(one parked payload, bytes)"] = len(payload)
+            original["parked"] = DirectPayload.loads(payload).element if payload.startswith(DIRECT) else payload
         else:
             keys["unacked"] = client.memory_usage("unacked", samples=0) or 0
             keys["unacked_index"] = client.memory_usage("unacked_index", samples=0) or 0
@@ -93,6 +102,73 @@ def one_run(server: RedisServer, mode: str, n: int) -> dict:
         client.close()
 
 
+def sample_message(app, client, task_name: str) -> bytes:
+    """One message of ``task_name`` as kombu stores it in a Redis list (the bytes)."""
+    scratch = "bench.message-sample"
+    app.send_task(task_name, args=(12345,), queue=scratch)
+    element = client.lindex(scratch, 0)
+    client.delete(scratch)
+    return element
+
+
+#: The elements of the floor: the message as first sent, the least a next delivery's element can add to it
+#: (only the three headers issue 11 names), and the element as parked.
+ELEMENTS = ("message", "minimal", "parked")
+
+
+def minimal_element(message: bytes, parked: bytes) -> bytes:
+    """``message`` with only the delivery count, first failure and last exception headers of ``parked`` added."""
+    from kombu.utils import json
+
+    from celery_dlq import headers as H
+
+    doc, next_headers = json.loads(message), json.loads(parked)["headers"]
+    doc["headers"].update({name: next_headers[name] for name in (H.DELIVERY_COUNT, H.FIRST_FAILURE_AT,
+                                                                  H.LAST_EXCEPTION)})
+    return json.dumps(doc).encode()
+
+
+#: Where the allocator puts n elements of one size, with no bookkeeping beside them (FLOOR_LAYOUTS).
+FLOOR_LAYOUTS = ("list", "zset member", "hash field + zset member")
+
+
+def floor(client, element: bytes, n: int) -> dict[str, float]:
+    """Redis bytes per element for ``n`` distinct elements as long as ``element``, per layout.
+
+    The floor under any store: an element in a plain list (kombu's queue),
+    as the member of a sorted set scored by due time (Sidekiq's schedule),
+    and as a hash field beside a sorted-set member (the layout of this
+    store). Measured as ``used_memory`` growth on an empty database, so the
+    allocator's size classes count as they do for the store.
+    """
+    stamp = len(element) - 10   # 8 bytes near the end become a counter: distinct elements, same length
+
+    def variant(i: int) -> bytes:
+        return element[:stamp] + b"%08d" % i + element[stamp + 8:]
+
+    def fill(layout: str) -> None:
+        for start in range(0, n, 1000):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(n, start + 1000)):
+                if layout == "list":
+                    pipe.lpush("floor", variant(i))
+                elif layout == "zset member":
+                    pipe.zadd("floor", {variant(i): i})
+                else:
+                    pipe.hset("floor:h", "%036d" % i, variant(i))
+                    pipe.zadd("floor:z", {"%036d" % i: i})
+            pipe.execute()
+
+    per = {}
+    for layout in FLOOR_LAYOUTS:
+        client.flushdb()
+        before = used_memory(client)
+        fill(layout)
+        per[layout] = (used_memory(client) - before) / n
+    client.flushdb()
+    return per
+
+
 def main() -> None:
     args = parser(__doc__).parse_args()
     n = 2000 if args.quick else 20000
@@ -102,8 +178,9 @@ def main() -> None:
         print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(server.url))}")
         print(f"{n} retries waiting 1 hour, worker -P prefork -c 2 (after a warm-up of {WARMUP})\n")
         results = {}
+        original: dict[str, bytes] = {}
         for mode in ("celery", "dlq"):
-            results[mode] = r = one_run(server, mode, n)
+            results[mode] = r = one_run(server, mode, n, original)
             print(f"  {mode:<7} worker RSS +{r['rss_growth'] / MB:8.2f} MiB (now {r['rss_after'] / MB:.1f} MiB), "
                   f"redis +{r['redis_per']:7.0f} B per waiting retry, message {r['size']} B, "
                   f"{r['seconds']:.1f} s to get all {n} waiting", flush=True)
@@ -113,6 +190,10 @@ def main() -> None:
                 else:
                     print(f"           {key:<32} {size:>12,} B  ({size / n:8.1f} B per retry)")
             print(f"           {'(keys in the database)':<32} {r['dbsize']:>12,}")
+        original["minimal"] = minimal_element(original["message"], original["parked"])
+        client = redis.Redis.from_url(server.url)
+        floors = {what: floor(client, original[what], n) for what in ELEMENTS}
+        client.close()
     finally:
         server.stop()
     c, d = results["celery"], results["dlq"]
@@ -136,6 +217,17 @@ def main() -> None:
           f"{'MET' if grow_ok else 'MISSED'}")
     print(f"celery-dlq Redis bytes per parked retry {d['redis_per']:.0f} = message {d['size']} + {overhead:.0f} "
           f"(target <= message + 200): {'MET' if overhead <= 200 else 'MISSED'}")
+    size = d["size"]
+    print(f"\nThe floor: {n} distinct elements alone in an empty Redis, nothing else stored "
+          f"(used_memory growth per element; message {size} B, target {size + 200} B):")
+    print_table(["element", "bytes"] + list(FLOOR_LAYOUTS), [
+        [what, len(original[what])] + [f"{per:.0f} (+{per - size:.0f})" for per in floors[what].values()]
+        for what in ELEMENTS])
+    for what, said in (("parked", "the parked element"),
+                       ("minimal", "the message with only delivery count, first failure and last exception")):
+        tightest = min(floors[what].values())
+        print(f"{said}, in the tightest layout with no bookkeeping: {tightest:.0f} B = message + "
+              f"{tightest - size:.0f}: the target {'is' if tightest - size <= 200 else 'is NOT'} reachable with it")
     print(f"worker growth ratio Celery / celery-dlq: "
           f"{c['rss_growth'] / max(d['rss_growth'], 1):.0f}x")
 

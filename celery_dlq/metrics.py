@@ -38,9 +38,10 @@ classic text format, and an app serving the collector should too
 (:func:`classic_text` wraps prometheus-client's WSGI app so).
 
 DLQs are found as ``celery dlq queues`` finds them: configured ones at every
-scrape, others by a SCAN of the keyspace, which is O(keys in Redis) and so
-runs at most once a minute (``discover_every``); a DLQ found once is counted
-at every scrape after.
+scrape, others by a SCAN of the keyspace, which is O(keys in Redis) (0.3 s
+at 200,000 keys) and so runs at most once a minute (``discover_every``) and,
+after the first scrape, in a thread of its own (:class:`Discovery`): a
+scrape never waits for it. A DLQ found once is counted at every scrape after.
 """
 from __future__ import annotations
 
@@ -122,12 +123,61 @@ def _client(url: str, timeout: float, cluster: bool = False) -> redis.Redis:
     return open_client(url, cluster, socket_connect_timeout=timeout, socket_timeout=timeout)
 
 
+class Discovery:
+    """The DLQs and quarantines SCAN finds (:meth:`Operator.known`, :meth:`Operator.quarantines`), kept.
+
+    The first :meth:`found` looks in the caller's thread, so the first
+    scrape is complete. Once the result is ``every`` seconds old, the next
+    :meth:`found` starts a daemon thread that looks again and returns the
+    result it has: no scrape after the first waits for a SCAN (0.3 s at
+    200,000 keys), and one SCAN runs at a time. A SCAN that fails (Redis
+    down) keeps the last result and is tried again at the next scrape.
+    """
+
+    def __init__(self, op: Operator, every: float = DISCOVER_EVERY) -> None:
+        self.op, self.every = op, every
+        self.monotonic: Callable[[], float] = time.monotonic
+        self._found: tuple[float, dict[str, str | None]] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def found(self, parked_by_queue: dict[str, int]) -> dict[str, str | None]:
+        """DLQ name -> its queue, as the last SCAN found them (a copy)."""
+        last = self._found
+        if last is None:
+            last = self._look(parked_by_queue)
+        elif self.monotonic() - last[0] >= self.every:
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._look_quietly, args=(dict(parked_by_queue),),
+                                                    name="celery-dlq-discovery", daemon=True)
+                    self._thread.start()
+        return dict(last[1])
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for a look in progress (tests, shutdown)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _look(self, parked_by_queue: dict[str, int]) -> tuple[float, dict[str, str | None]]:
+        self._found = (self.monotonic(), {**self.op.known(parked_by_queue), **self.op.quarantines()})
+        return self._found
+
+    def _look_quietly(self, parked_by_queue: dict[str, int]) -> None:
+        try:
+            self._look(parked_by_queue)
+        except Exception as exc:   # the next scrape says whether Redis is down; this one keeps what it had
+            logger.debug("celery-dlq exporter: looking for DLQs failed: %s", exc)
+
+
 class DLQCollector(Collector):
     """The metrics of one app, read from Redis on every :meth:`collect`.
 
     ``operator`` and ``clock`` may be given, as tests do; ``overdue_after``
     defaults to :data:`OVERDUE_INTERVALS` x ``dlq_mover_interval``; DLQs are
-    looked for with SCAN at most every ``discover_every`` seconds.
+    looked for with SCAN at most every ``discover_every`` seconds, in the
+    background after the first scrape (:class:`Discovery`).
     """
 
     def __init__(self, app: Any = None, *, operator: Operator | None = None, clock: Callable[[], float] = time.time,
@@ -136,9 +186,8 @@ class DLQCollector(Collector):
         if operator is None and app is None:
             raise TypeError("DLQCollector needs an app (or an operator)")
         self.op = operator if operator is not None else scrape_operator(app)
-        self.clock, self.overdue_sample, self.discover_every = clock, overdue_sample, discover_every
-        self.monotonic: Callable[[], float] = time.monotonic
-        self._found: tuple[float, dict[str, str | None]] | None = None
+        self.clock, self.overdue_sample = clock, overdue_sample
+        self.discovery = Discovery(self.op, discover_every)
         interval = self.op.settings.mover_interval
         self.overdue_after = OVERDUE_INTERVALS * interval if overdue_after is None else overdue_after
         #: The Redis URLs read, passwords masked (for logs).
@@ -203,15 +252,12 @@ class DLQCollector(Collector):
         return families
 
     def dlqs(self, parked_by_queue: dict[str, int]) -> dict[str, str | None]:
-        """DLQ name -> its queue: as ``celery dlq queues`` finds them, with SCAN at most every ``discover_every`` s.
+        """DLQ name -> its queue: as ``celery dlq queues`` finds them, SCAN's part from :attr:`discovery`.
 
-        SCAN walks the whole keyspace (200,000 keys: about 0.3 s), so its
-        result is kept; the DLQs of declared and parked-for queues are added
-        at every scrape, without SCAN.
+        The DLQs of declared and parked-for queues are added at every
+        scrape, without SCAN.
         """
-        if self._found is None or self.monotonic() - self._found[0] >= self.discover_every:
-            self._found = (self.monotonic(), {**self.op.known(parked_by_queue), **self.op.quarantines()})
-        dlqs = dict(self._found[1])
+        dlqs = self.discovery.found(parked_by_queue)
         for queue in [*self.op.app.amqp.queues, *parked_by_queue]:
             dlq = self.op.dlq_of(queue)
             if dlq:

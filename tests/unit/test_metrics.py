@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from pathlib import Path
@@ -344,7 +345,7 @@ def test_a_scrape_costs_the_same_round_trips_whatever_the_depth(setup):
 
 def test_dlqs_found_by_scan_are_looked_for_again_after_discover_every(setup):
     s, now = setup, [1000.0]
-    s.collector.monotonic = lambda: now[0]
+    s.collector.discovery.monotonic = lambda: now[0]
     scrape(s.collector)
     s.push(2, T0, dlq=f"DLQ.{s.queue}late")       # not configured: only SCAN finds it
     s.park(1, due=T0 + 60, queue=f"{s.queue}p")   # a queue with parked retries: its DLQ is known at once
@@ -354,10 +355,63 @@ def test_dlqs_found_by_scan_are_looked_for_again_after_discover_every(setup):
     assert got[("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}p"), ("queue", f"{s.queue}p")))] == 0
     now[0] += 59.9
     assert late not in scrape(s.collector)
+    s.collector.discovery.join(5)
     now[0] += 0.1
-    assert scrape(s.collector)[late] == 2
+    scrape(s.collector)                           # starts the SCAN in the background...
+    s.collector.discovery.join(5)
+    assert scrape(s.collector)[late] == 2         # ...and the next scrape counts what it found
     s.client.delete(f"DLQ.{s.queue}late")
     assert scrape(s.collector)[late] == 0         # found once, counted until the next SCAN
+
+
+def test_a_scrape_does_not_wait_for_the_scan_after_the_first(setup):
+    """The SCAN of a large keyspace runs in a thread of its own; a scrape meanwhile answers with what it had."""
+    s, now = setup, [1000.0]
+    s.collector.discovery.monotonic = lambda: now[0]
+    scanning, release = threading.Event(), threading.Event()
+    known, looks = s.op.known, []
+
+    def slow_known(parked):
+        looks.append(parked)
+        scanning.set()
+        assert release.wait(10)
+        return known(parked)
+
+    scrape(s.collector)
+    s.push(3, T0, dlq=f"DLQ.{s.queue}late")
+    s.op.known = slow_known
+    now[0] += 60
+    got = scrape(s.collector)                     # starts the SCAN, which now hangs until released
+    assert scanning.wait(5)
+    got_again = scrape(s.collector)               # one SCAN at a time: this scrape starts none
+    assert not release.is_set()                   # both scrapes answered while the SCAN hung
+    assert got[("celery_dlq_redis_up", ())] == got_again[("celery_dlq_redis_up", ())] == 1
+    late = ("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}late"), ("queue", f"{s.queue}late")))
+    assert late not in got and late not in got_again
+    assert got[("celery_dlq_dead_letters", (("dlq", s.dlq), ("queue", s.queue)))] == 0
+    release.set()
+    s.collector.discovery.join(5)
+    assert len(looks) == 1
+    assert scrape(s.collector)[late] == 3
+
+
+def test_a_failed_background_scan_keeps_what_was_found(setup):
+    s, now = setup, [1000.0]
+    s.collector.discovery.monotonic = lambda: now[0]
+    s.push(1, T0, dlq=f"DLQ.{s.queue}late")
+    late = ("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}late"), ("queue", f"{s.queue}late")))
+    assert scrape(s.collector)[late] == 1
+    known, s.op.known = s.op.known, lambda parked: (_ for _ in ()).throw(ConnectionError("gone"))
+    now[0] += 60
+    scrape(s.collector)
+    s.collector.discovery.join(5)
+    assert scrape(s.collector)[late] == 1         # the failed look kept the last result...
+    s.op.known = known
+    s.push(1, T0, dlq=f"DLQ.{s.queue}later")
+    scrape(s.collector)                           # ...and is tried again at the next scrape
+    s.collector.discovery.join(5)
+    assert scrape(s.collector)[("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}later"),
+                                                           ("queue", f"{s.queue}later")))] == 1
 
 
 def test_scrape_operator_uses_clients_that_give_up_fast():
