@@ -406,6 +406,7 @@ def test_a_failed_background_scan_keeps_what_was_found(setup):
     scrape(s.collector)
     s.collector.discovery.join(5)
     assert scrape(s.collector)[late] == 1         # the failed look kept the last result...
+    s.collector.discovery.join(5)                 # (that scrape looked again, and failed again)
     s.op.known = known
     s.push(1, T0, dlq=f"DLQ.{s.queue}later")
     scrape(s.collector)                           # ...and is tried again at the next scrape
