@@ -140,6 +140,7 @@ class Discovery:
         self._found: tuple[float, dict[str, str | None]] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     def found(self, parked_by_queue: dict[str, int]) -> dict[str, str | None]:
         """DLQ name -> its queue, as the last SCAN found them (a copy)."""
@@ -167,8 +168,14 @@ class Discovery:
     def _look_quietly(self, parked_by_queue: dict[str, int]) -> None:
         try:
             self._look(parked_by_queue)
-        except Exception as exc:   # the next scrape says whether Redis is down; this one keeps what it had
-            logger.debug("celery-dlq exporter: looking for DLQs failed: %s", exc)
+        except Exception as exc:   # keeps what it had; logged once per streak of failures, as the collector does
+            if not self._failing:
+                logger.warning("celery-dlq exporter: looking for DLQs with SCAN failed (the DLQs found before "
+                               "are still reported): %s", exc, exc_info=not isinstance(exc, (redis.RedisError,
+                                                                                            OSError)))
+            self._failing = True
+        else:
+            self._failing = False
 
 
 class DLQCollector(Collector):

@@ -395,7 +395,7 @@ def test_a_scrape_does_not_wait_for_the_scan_after_the_first(setup):
     assert scrape(s.collector)[late] == 3
 
 
-def test_a_failed_background_scan_keeps_what_was_found(setup):
+def test_a_failed_background_scan_keeps_what_was_found(setup, caplog):
     s, now = setup, [1000.0]
     s.collector.discovery.monotonic = lambda: now[0]
     s.push(1, T0, dlq=f"DLQ.{s.queue}late")
@@ -407,6 +407,8 @@ def test_a_failed_background_scan_keeps_what_was_found(setup):
     s.collector.discovery.join(5)
     assert scrape(s.collector)[late] == 1         # the failed look kept the last result...
     s.collector.discovery.join(5)                 # (that scrape looked again, and failed again)
+    failures = [r for r in caplog.records if "looking for DLQs with SCAN failed" in r.getMessage()]
+    assert len(failures) == 1 and "gone" in failures[0].getMessage()   # once per streak, not per look
     s.op.known = known
     s.push(1, T0, dlq=f"DLQ.{s.queue}later")
     scrape(s.collector)                           # ...and is tried again at the next scrape
