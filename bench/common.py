@@ -171,13 +171,13 @@ def publish(app: Any, task_name: str, n: int, queue: str) -> None:
             app.send_task(task_name, args=(i,), queue=queue, producer=producer)
 
 
-def message_size(app: Any, client: redis.Redis, task_name: str) -> int:
-    """Bytes of one message of ``task_name`` as kombu stores it in a Redis list."""
-    scratch = "bench.message-size"
+def sample_message(app: Any, client: redis.Redis, task_name: str) -> bytes:
+    """One message of ``task_name`` as kombu stores it in a Redis list (its bytes)."""
+    scratch = "bench.message-sample"
     app.send_task(task_name, args=(12345,), queue=scratch)
-    size = len(client.lindex(scratch, 0))
+    element = client.lindex(scratch, 0)
     client.delete(scratch)
-    return size
+    return element
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.01,

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BenchWorker, RedisServer, machine, message_size, parser,  # noqa: E402
-                          print_table, publish, redis_server_version, wait_until)
-from celery_dlq.redis.store import DIRECT, DirectPayload  # noqa: E402
+from bench.common import (BenchWorker, RedisServer, machine, parser,  # noqa: E402
+                          print_table, publish, redis_server_version, sample_message, wait_until)
+from celery_dlq.redis.store import DirectPayload  # noqa: E402
 
 MB = 1024 * 1024
 WARMUP = 200
@@ -69,8 +69,8 @@ def one_run(server: RedisServer, mode: str, n: int, original: dict) -> dict:
         time.sleep(2)
         rss0, redis0 = worker.rss(), used_memory(client)
         # redis0 is taken before the messages exist, so the growth is all they cost while waiting
-        size = message_size(app, client, "bench.park_long")
         original["message"] = sample_message(app, client, "bench.park_long")
+        size = len(original["message"])
         t0 = time.monotonic()
         publish(app, "bench.park_long", n, QUEUE)
         wait_until(lambda: waiting(client, mode, prefix) >= WARMUP + n, 900, 0.1, f"{n} waiting retries")
@@ -89,7 +89,8 @@ def one_run(server: RedisServer, mode: str, n: int, original: dict) -> dict:
             keys[f"count:* ({len(counters)} keys)"] = int(per * len(counters))
             payload = client.hget(f"{base}:payloads", client.zrange(f"{base}:delayed", -1, -1)[0])
             keys["(one parked payload, bytes)"] = len(payload)
-            original["parked"] = DirectPayload.loads(payload).element if payload.startswith(DIRECT) else payload
+            direct = DirectPayload.loads(payload)
+            original["parked"] = payload if direct is None else direct.element
         else:
             keys["unacked"] = client.memory_usage("unacked", samples=0) or 0
             keys["unacked_index"] = client.memory_usage("unacked_index", samples=0) or 0
@@ -100,15 +101,6 @@ def one_run(server: RedisServer, mode: str, n: int, original: dict) -> dict:
         worker.stop()
         app.close()
         client.close()
-
-
-def sample_message(app, client, task_name: str) -> bytes:
-    """One message of ``task_name`` as kombu stores it in a Redis list (the bytes)."""
-    scratch = "bench.message-sample"
-    app.send_task(task_name, args=(12345,), queue=scratch)
-    element = client.lindex(scratch, 0)
-    client.delete(scratch)
-    return element
 
 
 #: The elements of the floor: the message as first sent, the least a next delivery's element can add to it

@@ -81,6 +81,8 @@ REDIS_TIMEOUT = 5.0
 DEFAULT_PORT = 9808
 #: Seconds between two SCANs for DLQs that are not configured (and quarantines).
 DISCOVER_EVERY = 60.0
+#: Errors of a Redis that is down or unreachable: logged without a traceback.
+EXPECTED = (redis.RedisError, OSError)
 
 GAUGES = {
     "dead_letters": ("Dead letters in a DLQ, every priority sub-list counted.", ("dlq", "queue")),
@@ -171,8 +173,7 @@ class Discovery:
         except Exception as exc:   # keeps what it had; logged once per streak of failures, as the collector does
             if not self._failing:
                 logger.warning("celery-dlq exporter: looking for DLQs with SCAN failed (the DLQs found before "
-                               "are still reported): %s", exc, exc_info=not isinstance(exc, (redis.RedisError,
-                                                                                            OSError)))
+                               "are still reported): %s", exc, exc_info=not isinstance(exc, EXPECTED))
             self._failing = True
         else:
             self._failing = False
@@ -240,9 +241,8 @@ class DLQCollector(Collector):
     def _went_down(self, exc: BaseException) -> None:
         """Log the first failure after a success (or at start), not every scrape."""
         if self._up is not False:
-            expected = isinstance(exc, (redis.RedisError, OSError))
             logger.warning("celery-dlq exporter: cannot read Redis at %s: %s", self.where, exc,
-                           exc_info=not expected)
+                           exc_info=not isinstance(exc, EXPECTED))
         self._up = False
 
     def read(self) -> list[Metric]:
