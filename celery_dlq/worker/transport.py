@@ -199,7 +199,9 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._dlq_sent = None
-            self._flush_brpop_reauth()
+            flush = getattr(self, "_flush_brpop_reauth", None)   # kombu >= 5.7 only
+            if flush is not None:
+                flush()
 
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
         index, element, status, tag = reply
