@@ -90,7 +90,11 @@ def test_install_hands_its_runtime_to_the_bootsteps():
     app = Celery("installed", broker="redis://localhost:1/0", set_as_current=False)
     runtime = celery_dlq.install(app)
     steps = {step.name: step for step in app.steps["consumer"]}
-    assert set(steps) == {"celery_dlq.worker.consumer.DeadLetterDiscards", "celery_dlq.worker.mover.Mover"}
+    assert set(steps) == {f"celery_dlq.worker.steps.{name}" for name in (
+        "Settings", "FetchTransport", "KeepPoolIO", "CompactTracebacks", "DeadLetterDiscards",
+        "UncountUnstarted")} | {"celery_dlq.worker.mover.Mover"}
     assert all(step.runtime is runtime for step in steps.values())
-    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 2   # idempotent
+    assert all(steps["celery_dlq.worker.steps.Settings"] in step.requires
+               for name, step in steps.items() if not name.endswith(".Settings")), "Settings goes first"
+    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 7   # idempotent
     assert is_managed(celery_dlq.RedeliveryTask) and not is_managed(app.tasks["celery.backend_cleanup"])
