@@ -37,6 +37,9 @@ app.conf.update(
 )
 if os.environ.get("DLQ_TEST_CONF"):
     app.conf.update(json.loads(os.environ["DLQ_TEST_CONF"]))
+if os.environ.get("DLQ_TEST_HIDE_INTERNAL"):   # tests/integration/test_internals.py: an internal that moved
+    from tests.internals_hiding import hide
+    hide(os.environ["DLQ_TEST_HIDE_INTERNAL"])
 celery_dlq.install(app)
 if os.environ.get("DLQ_TEST_WEBHOOK"):   # tests/integration/test_webhook.py: the example receiver, as documented
     from examples.monitoring.webhook import WebhookNotifier
