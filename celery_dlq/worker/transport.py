@@ -223,9 +223,9 @@ class Channel(kombu_redis.Channel):
         rotate(self, queue)
         try:
             deliver(self, message, queue)
-        except self.connection_errors:
-            raise
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, self.connection_errors) and not isinstance(exc, KeyError):
+                raise   # kombu counts KeyError as a connection error; handing a message over, it never is one
             # The message passed validation, so this is a bug (ours or a library's), not a bad message:
             # logged, never dead-lettered; it stays recorded as unacknowledged and comes back.
             self._dlq_recorded.discard(tag)
