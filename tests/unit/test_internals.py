@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from pathlib import Path
 
 import pytest
 from kombu.transport import redis as kombu_redis
@@ -136,3 +137,8 @@ def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libr
     for module in (poolfix, request, runtime, strategy, transport):
         source = inspect.getsource(module)
         assert [name for name in private if name in source] == [], module.__name__
+
+
+def test_docs_internals_names_every_internal():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "internals.md").read_text()
+    assert [i.path for _, i in ALL if f"`{i.path}`" not in text] == []
