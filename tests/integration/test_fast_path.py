@@ -11,6 +11,7 @@ import pytest
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
 from tests.integration.conftest import Worker
+from tests.services import missing
 from tests.integration.test_mover import park_noop_messages
 
 pytestmark = pytest.mark.integration
@@ -66,8 +67,8 @@ def old_package(tmp_path):
         subprocess.run(["git", "fetch", "--depth=1", "origin", OLD], cwd=Worker.root(), capture_output=True)
         archive = subprocess.run(["git", "archive", OLD, *paths], cwd=Worker.root(), capture_output=True)
     if archive.returncode != 0:
-        pytest.skip(f"commit {OLD} (the previous release) is not in this clone and cannot be fetched: "
-                    f"{archive.stderr.decode(errors='replace').strip()}")
+        missing(f"commit {OLD} (the previous release)", "clone with history, or let `git fetch origin` reach it: "
+                f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     return root
 
