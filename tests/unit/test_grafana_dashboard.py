@@ -14,7 +14,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from celery_dlq.metrics import GAUGES, PREFIX
