@@ -245,6 +245,7 @@ def one_run(client: redis.Redis, keys: Keys, records: int, work: str, n: int, pa
         sys.exit(f"the Spark run failed:\n{child.stdout}\n{child.stderr[-4000:]}")
     spark = json.loads(child.stdout.strip().splitlines()[-1])
     numbers = {"spark": spark.pop("numbers"), "pandas": {}}
+    numbers["spark"]["attempts"] = {int(k): v for k, v in numbers["spark"]["attempts"].items()}  # JSON made them text
     run.update(spark)
     if pandas:
         t = time.perf_counter()
