@@ -39,6 +39,8 @@ WORKER_CORES = 2
 
 #: The master's REST submission server (on by default, on the fixed port 6066) is for cluster deploy mode only.
 MASTER_OPTS = "-Dspark.master.rest.enabled=false"
+#: Four short-lived JVMs (master, worker, driver, executor) on a few cores: the C1 compiler only, as a local report.
+C1 = "-XX:TieredStopAtLevel=1"
 MASTER = ('spark-class org.apache.spark.deploy.master.Master --host 127.0.0.1 '
           '--port "$MASTER_PORT" --webui-port "$MASTER_UI_PORT"')
 WORKER = ('spark-class org.apache.spark.deploy.worker.Worker --host 127.0.0.1 '
@@ -47,18 +49,20 @@ WORKER = ('spark-class org.apache.spark.deploy.worker.Worker --host 127.0.0.1 '
 ENTRY_POINT = "MAIN=$(python -c 'import celery_dlq.analytics.__main__ as m; print(m.__file__)')"
 SUBMIT = ('spark-submit --master "spark://127.0.0.1:$MASTER_PORT" --deploy-mode client '
           f'--total-executor-cores {WORKER_CORES} --executor-memory 1g '
+          f'--driver-java-options {C1} --conf spark.executor.extraJavaOptions={C1} '
           '--conf spark.driver.host=127.0.0.1 --conf spark.ui.enabled=false --conf spark.sql.shuffle.partitions=2 '
           '"$MAIN" --in "$ARCHIVE" --out "$REPORT" --as-of 2024-03-15T12:00:00Z')
 #: Every line the test runs, in order (the master and the worker stay up while the report is submitted).
-COMMANDS = ("export SPARK_LOCAL_IP=127.0.0.1", f"export SPARK_MASTER_OPTS='{MASTER_OPTS}'", MASTER, WORKER,
-            ENTRY_POINT, SUBMIT)
+COMMANDS = ("export SPARK_LOCAL_IP=127.0.0.1", f"export SPARK_DAEMON_JAVA_OPTS={C1}",
+            f"export SPARK_MASTER_OPTS='{MASTER_OPTS}'", MASTER, WORKER, ENTRY_POINT, SUBMIT)
 
 
 def shell_env(extra: dict[str, str]) -> dict[str, str]:
     """The test's environment with this interpreter's bin first on PATH (``python``, ``spark-submit``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"   # COMMANDS[0] and [1]
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"   # COMMANDS[0:3]
+    env["SPARK_DAEMON_JAVA_OPTS"] = C1
     env["SPARK_MASTER_OPTS"] = MASTER_OPTS
     return {**env, **extra}
 
