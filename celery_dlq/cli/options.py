@@ -29,6 +29,7 @@ def filter_options(f: Callable) -> Callable:
         click.option("--since", help="Dead-lettered at or after: unix seconds, ISO 8601, or an age (2h)."),
         click.option("--until", help="Dead-lettered before: unix seconds, ISO 8601, or an age (30m)."),
         click.option("--grep", "text", help="Text in the exception message (case-insensitive)."),
+        click.option("--group", help="Failure group id, as `celery dlq groups` shows it."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -36,7 +37,7 @@ def filter_options(f: Callable) -> Callable:
 
 
 def make_filter(task_id: str | None = None, **kw: Any) -> Filter | None:
-    fields = {k: kw.get(k) for k in ("task_name", "reason", "exception_type", "original_queue", "text")}
+    fields = {k: kw.get(k) for k in ("task_name", "reason", "exception_type", "original_queue", "text", "group")}
     fields.update(since=parse_time(kw.get("since")), until=parse_time(kw.get("until")), task_id=task_id)
     if all(v is None for v in fields.values()):
         return None

@@ -57,6 +57,12 @@ class DeadLetter(TaskIdentity):
         return H.delivery_count_of(self.headers) if H.DELIVERY_COUNT in self.headers else None
 
     @property
+    def group(self) -> str | None:
+        """Its failure group id (``x-dlq-group``); None for a letter written without one."""
+        value = self.header(H.GROUP)
+        return value if isinstance(value, str) and value else None
+
+    @property
     def replay_count(self) -> int:
         value = self.headers.get(H.REPLAY_COUNT)
         return value if isinstance(value, int) and value > 0 else 0
@@ -95,7 +101,7 @@ class DeadLetter(TaskIdentity):
             "original_queue": self.header(H.ORIGINAL_QUEUE), "reason": self.header(H.REASON),
             "delivery_count": self.delivery_count, "exception_type": self.header(H.EXCEPTION_TYPE),
             "exception_message": self.header(H.EXCEPTION_MESSAGE), "dead_lettered_at": self.dead_lettered_at,
-            "worker": self.header(H.WORKER), "replay_count": self.replay_count,
+            "worker": self.header(H.WORKER), "replay_count": self.replay_count, "group": self.group,
             "priority": self.properties.get("priority"), "content_type": self.content_type, "size": len(self.raw),
             "decoded": arguments is not None, "args": arguments[0] if arguments else None,
             "kwargs": arguments[1] if arguments else None,
@@ -143,7 +149,8 @@ class Filter:
     ``task_name`` is a wildcard pattern (``proj.*``, ``orders.#``);
     ``exception_type`` matches the full name or its last part (``ValueError``);
     ``since``/``until`` bound ``x-dlq-dead-lettered-at`` (unix seconds);
-    ``text`` is a case-insensitive substring of the exception message.
+    ``text`` is a case-insensitive substring of the exception message;
+    ``group`` a failure group id (``x-dlq-group``; ``celery dlq groups``).
     """
 
     task_id: str | None = None
@@ -154,6 +161,7 @@ class Filter:
     since: float | None = None
     until: float | None = None
     text: str | None = None
+    group: str | None = None
     _pattern: Pattern | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +181,7 @@ class Filter:
             self.since is None or (at is not None and at >= self.since),
             self.until is None or (at is not None and at < self.until),
             self.text is None or self.text.lower() in str(letter.header(H.EXCEPTION_MESSAGE) or "").lower(),
+            self.group is None or letter.group == self.group,
         ))
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kombu.serialization import prepare_accept_content
 
 from celery_dlq.errors import UnknownQueue
+from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
@@ -168,6 +169,11 @@ class Operator:
             shapes.add((fields.get("dead_letter_queue_prefix", base.dead_letter_queue_prefix),
                         fields.get("dead_letter_queue_suffix", base.dead_letter_queue_suffix)))
         return {s for s in shapes if s[0] or s[1]}, named
+
+    def groups(self, name: str | None = None) -> GroupReport:
+        """Failure groups of DLQ ``name`` (or the DLQ of queue ``name``), or of every DLQ found."""
+        names = [self.queue(name).name] if name else sorted(self.known())
+        return read_groups(self, names)
 
     def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
         """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""

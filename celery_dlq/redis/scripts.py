@@ -29,8 +29,12 @@ SCRIPT_NAMES = (
     "reject_invalid",
     "release_quarantine",
     "move_due",
+    "dead_letter",
+    "replay_batch",
+    "remove_letters",
+    "find_letter",
 )
-#: Prepended to every script: the parked payload formats (``lua/lib.lua``).
+#: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"
 
 

@@ -1,7 +1,7 @@
 """The DLQ page's URL parameters: the filters of ``celery dlq list``, paging and order.
 
 Parameter names are the CLI's option names (``task``, ``reason``,
-``exception``, ``original_queue``, ``since``, ``until``, ``grep``), so a
+``exception``, ``original_queue``, ``since``, ``until``, ``grep``, ``group``), so a
 filtered view is a bookmarkable URL that reads like the command line.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from celery_dlq.timespec import parse_since
 
 #: URL parameter -> Filter field.
 FILTERS = {"task": "task_name", "reason": "reason", "exception": "exception_type",
-           "original_queue": "original_queue", "since": "since", "until": "until", "grep": "text"}
+           "original_queue": "original_queue", "since": "since", "until": "until", "grep": "text",
+           "group": "group"}
 PAGE_SIZES = (20, 50, 100, 200)
 
 

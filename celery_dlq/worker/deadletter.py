@@ -5,6 +5,13 @@ kombu queue, ``DLQ.<queue>`` by default, with ``x-dlq-*`` headers saying where
 it came from and why it died. The queue is declared on first use, so
 ``redis-cli LLEN DLQ.orders`` shows it on a Redis broker.
 
+On a Redis broker the dead letter is pushed by a Lua script
+(``lua/dead_letter.lua``) that also counts it in the DLQ's failure-group
+index (:mod:`celery_dlq.redis.groups`), so the counts never drift from the
+lists, whatever is killed when; the letter is exactly what a kombu publish
+would have pushed, plus its group id (``x-dlq-group``). On another broker
+it is published through kombu, without groups.
+
 Idempotence (ActiveMQ's DLQ audit): an audit key per (task id, delivery,
 delivery tag of the consumed message instance)
 moves from ``pending`` to ``done`` around the publish. A redelivered copy of a
@@ -19,12 +26,17 @@ import threading
 from typing import Any, Mapping
 
 from kombu import Exchange, Queue
+from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
+from celery_dlq.errors import BrokerNotSupported
+from celery_dlq.fingerprint import group_id
 from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import UNKNOWN_TASK_ID, Stat
+from celery_dlq.redis import groups, metrics
+from celery_dlq.redis.client import broker_client
+from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists, Stat
+from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
@@ -54,6 +66,10 @@ class DeadLetterer:
         self.audit_ttl_s = max(1, int(audit_ttl))
         self._declared: set[str] = set()
         self._lock = threading.Lock()
+        self.redis_url = redis_url
+        self.lists = QueueLists.of(app.conf.broker_transport_options)
+        self._scripts: Scripts | None = None
+        self._redis_broker: bool | None = None
         self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
@@ -88,9 +104,12 @@ class DeadLetterer:
                             envelope.task_name, task_id, delivery, dlq)
                 self.client.hincrby(keys.stats, Stat.DUPLICATES, 1)
                 return dlq
-        letter = envelope.with_headers(H.dead_letter_headers(
+        letter_headers = H.dead_letter_headers(
             envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
-            routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker))
+            routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker)
+        letter_headers[H.GROUP] = group_id(envelope.task_name, letter_headers[H.EXCEPTION_TYPE],
+                                           letter_headers[H.EXCEPTION_MESSAGE])
+        letter = envelope.with_headers(letter_headers)
         self.publish(letter, dlq)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
@@ -108,11 +127,31 @@ class DeadLetterer:
         return dlq
 
     def publish(self, envelope: Envelope, dlq: str) -> None:
+        """Push ``envelope`` onto ``dlq`` and count it in its failure group (one script); kombu off Redis."""
+        scripts = self.broker_scripts()
+        if scripts is not None:
+            headers = envelope.headers
+            at = float(headers.get(H.DEAD_LETTERED_AT) or 0)
+            gid, reason = groups.membership(headers)
+            scripts.run("dead_letter", [self.lists.key(dlq, envelope.properties.get("priority")), self.lists.groups(dlq)],
+                        [envelope.element("", dlq, uuid()), gid, reason, repr(at), groups.hour_of(at),
+                         groups.describe(headers, envelope.task_id)])
+            return
         declare = () if dlq in self._declared else (dead_letter_queue(dlq),)
         with self.app.producer_or_acquire() as producer:
             envelope.publish(producer, exchange="", routing_key=dlq, declare=declare)
         with self._lock:
             self._declared.add(dlq)
+
+    def broker_scripts(self) -> Scripts | None:
+        """The scripts on the broker's Redis, where DLQs are lists; None when the broker is not Redis."""
+        if self._redis_broker is None:
+            try:
+                self._scripts = Scripts(broker_client(self.app.conf, self.client, self.redis_url))
+                self._redis_broker = True
+            except BrokerNotSupported:
+                self._redis_broker = False
+        return self._scripts
 
     def _notify(self, envelope: Envelope, dlq: str | None, reason: str,
                 failure: Mapping[str, str], delivery: int) -> None:

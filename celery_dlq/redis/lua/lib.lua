@@ -1,4 +1,5 @@
--- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats).
+-- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats and of a
+-- DLQ's failure-group index).
 --
 -- A parked payload is one of:
 --   publish format: JSON {"v": 1, "body": <base64>, ...} (Envelope.dumps); its queue is in the `queues`
@@ -50,3 +51,54 @@ local function forget_entry(delayed_key, queues_key, parked_key, expiries_key, i
     end
 end
 
+
+-- A DLQ's failure groups (HASH, QueueLists.groups; redis/groups.py reads it). Fields, for group id G:
+--   n:G            dead letters of G in the DLQ now
+--   first:G last:G earliest and latest x-dlq-dead-lettered-at (unix s) of arrivals since G was last empty
+--   r:G:<reason>   dead letters of G now, by reason
+--   m:G            JSON written by the dead-letterer: task, exception type, title, sample (the latest arrival)
+--   h:G:<0..23>    "<unix hour>:<arrivals in that hour>", a ring of the last 24 hours (the sparkline)
+-- A letter without a group id ('': written by something else, or before groups existed) is not counted.
+local function group_add(key, gid, reason, at, hour, meta)
+    if gid == '' then
+        return
+    end
+    if redis.call('HINCRBY', key, 'n:' .. gid, 1) == 1 then
+        redis.call('HSET', key, 'first:' .. gid, at)
+    end
+    local last = tonumber(redis.call('HGET', key, 'last:' .. gid) or '0') or 0
+    if (tonumber(at) or 0) >= last then
+        redis.call('HSET', key, 'last:' .. gid, at)
+    end
+    redis.call('HSET', key, 'm:' .. gid, meta)
+    redis.call('HINCRBY', key, 'r:' .. gid .. ':' .. reason, 1)
+    local h = tonumber(hour)
+    local slot = 'h:' .. gid .. ':' .. (h % 24)
+    local seen = redis.call('HGET', key, slot)
+    local count = 1
+    if seen then
+        local colon = string.find(seen, ':', 1, true)
+        if colon and tonumber(string.sub(seen, 1, colon - 1)) == h then
+            count = (tonumber(string.sub(seen, colon + 1)) or 0) + 1
+        end
+    end
+    redis.call('HSET', key, slot, h .. ':' .. count)
+end
+
+local function group_remove(key, gid, reason)
+    if gid == '' then
+        return
+    end
+    local rfield = 'r:' .. gid .. ':' .. reason
+    if redis.call('HINCRBY', key, rfield, -1) <= 0 then
+        redis.call('HDEL', key, rfield)
+    end
+    if redis.call('HINCRBY', key, 'n:' .. gid, -1) <= 0 then
+        for _, field in ipairs({'n:', 'first:', 'last:', 'm:'}) do
+            redis.call('HDEL', key, field .. gid)
+        end
+        for slot = 0, 23 do
+            redis.call('HDEL', key, 'h:' .. gid .. ':' .. slot)
+        end
+    end
+end
