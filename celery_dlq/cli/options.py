@@ -8,6 +8,7 @@ import click
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
+from celery_dlq.redis.groups import is_group_id
 from celery_dlq.timespec import parse_since
 
 
@@ -41,6 +42,9 @@ def make_filter(task_id: str | None = None, **kw: Any) -> Filter | None:
     fields.update(since=parse_time(kw.get("since")), until=parse_time(kw.get("until")), task_id=task_id)
     if all(v is None for v in fields.values()):
         return None
+    if fields["group"] is not None and not is_group_id(fields["group"]):
+        raise click.BadParameter(f"a group id is 16 hex digits (celery dlq groups shows them), got {fields['group']!r}",
+                                 param_hint="--group")
     try:
         return Filter(**fields)
     except ConfigurationError as exc:

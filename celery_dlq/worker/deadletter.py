@@ -57,7 +57,7 @@ class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
     def __init__(self, app: Any, client: Any, store: ShardedStore, *, audit_ttl: float,
-                 redis_url: str, events: TaskEvents | None = None) -> None:
+                 redis_url: str, events: TaskEvents | None = None, broker: Any = None) -> None:
         self.app = app
         self.events = events
         self.client = client
@@ -68,9 +68,11 @@ class DeadLetterer:
         self._lock = threading.Lock()
         self.redis_url = redis_url
         self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self._scripts: Scripts | None = None
-        self._redis_broker: bool | None = None
-        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url)
+        #: The broker's Redis, where DLQs are lists (connected on first use unless given; None off Redis).
+        self._scripts: Scripts | None = Scripts(broker) if broker is not None else None
+        self._redis_broker: bool | None = True if broker is not None else None
+        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url,
+                                   broker=broker)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
