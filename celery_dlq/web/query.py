@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
+from celery_dlq.redis.groups import is_group_id
 from celery_dlq.timespec import parse_since
 
 #: URL parameter -> Filter field.
@@ -40,6 +41,8 @@ class Query:
         values = {name: str(params[name]).strip() for name in FILTERS if str(params.get(name) or "").strip()}
         if values.get("reason") and values["reason"] not in Reason.ALL:
             raise BadQuery(f"reason must be one of {', '.join(Reason.ALL)}, got {values['reason']!r}")
+        if values.get("group") and not is_group_id(values["group"]):
+            raise BadQuery(f"group must be a group id (16 hex digits, as the groups page shows), got {values['group']!r}"[:200])
         order = params.get("order") or "newest"
         if order not in ("newest", "oldest"):
             raise BadQuery(f"order must be newest or oldest, got {order!r}")

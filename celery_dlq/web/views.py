@@ -1,4 +1,4 @@
-"""The pages (GET): overview, a DLQ, a dead letter, parked retries, a job; and the login.
+"""The pages (GET): overview, failure groups, a DLQ, a dead letter, parked retries, a job; and the login.
 
 Each is a few calls to the operator API and one template. Starlette runs
 these plain functions in its thread pool, so Redis round trips never block
@@ -12,15 +12,20 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq import headers as H
+from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
+from celery_dlq.ops.operator import Operator
 from celery_dlq.ops.window import letter_at, read_window
 from celery_dlq.redis.lists import oldest_pages
 from celery_dlq.web.auth import TOKEN_USER
+from celery_dlq.web.charts import sparkline
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
 
 #: Parked retries listed per page.
 PARKED_LIMIT = 200
+#: Failure groups the overview shows (the largest; ``/groups`` shows them all).
+OVERVIEW_GROUPS = 10
 
 
 def overview(request: Request) -> Response:
@@ -34,8 +39,26 @@ def overview(request: Request) -> Response:
             times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
                      for key, (_, raws) in pages.items() if raws]
             oldest[row.name] = min((t for t in times if t is not None), default=None)
+    report = op.groups()
     return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
-                  jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh)
+                  jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh,
+                  **_groups(op, report, OVERVIEW_GROUPS))
+
+
+def groups_page(request: Request) -> Response:
+    """Every failure group, across DLQs or of one (``?dlq=``): what broke, since when, and is it over."""
+    op = request.app.state.op
+    name = request.query_params.get("dlq") or None
+    report = op.groups(name)
+    return render(request, "groups.html", dlq=op.queue(name).name if name else None, **_groups(op, report, None))
+
+
+def _groups(op: Operator, report: GroupReport, limit: int | None) -> dict:
+    """The groups part of a page: the rows (at most ``limit``), their sparklines, the letters in no group."""
+    merged, now = report.merged(), op.clock()
+    shown = merged if limit is None else merged[:limit]
+    return {"groups": [(g, sparkline(g.arrivals, now)) for g in shown], "groups_total": len(merged),
+            "ungrouped": report.ungrouped}
 
 
 def dlq_page(request: Request) -> Response:
@@ -96,6 +119,7 @@ def next_path(target: str | None) -> str:
 
 ROUTES = [
     Route("/", overview, name="overview"),
+    Route("/groups", groups_page, name="groups"),
     Route("/dlq/{name}", dlq_page, name="dlq"),
     Route("/dlq/{name}/letters/{task_id}", letter_page, name="letter"),
     Route("/parked", parked_page, name="parked"),
