@@ -190,14 +190,18 @@ class Operator:
         acknowledged as "already dead-lettered": lost. Idempotent, and done
         before the move, so an interruption in between loses nothing.
         """
-        pipe = self.client.pipeline(transaction=False)
+        by_shard: dict[str, list[str]] = {}
         for letter in letters:
             task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
             if task_id:
                 keys = self.store.of(task_id).keys
-                for key in (keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
-                            keys.audit(task_id, letter.delivery_count or 1)):
-                    pipe.delete(key)   # one key per DEL: a store on a Redis Cluster takes no cross-slot DEL
+                by_shard.setdefault(keys.base, []).extend((
+                    keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
+                    keys.audit(task_id, letter.delivery_count or 1)))
+        pipe = self.client.pipeline(transaction=False)
+        for keys in by_shard.values():   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
+            for start in range(0, len(keys), 1000):
+                pipe.delete(*keys[start:start + 1000])
         pipe.execute()
 
     def count(self, stat: str, n: int) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from celery_dlq import headers as H
-from celery_dlq.message import Envelope, as_text as _text, decode_raw, payload_hash
+from celery_dlq.message import Envelope, RawMessage, as_text as _text, decode_raw, payload_hash
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,9 @@ def _as_envelope(letter: Any) -> Envelope:
     """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw`` (``ops.DeadLetter``)."""
     if isinstance(letter, Envelope):
         return letter
+    decoded = getattr(letter, "decoded", None)   # an ops.DeadLetter: its JSON is decoded already
+    if isinstance(decoded, RawMessage) and decoded.doc:
+        return decoded.as_envelope()
     raw = letter if isinstance(letter, (bytes, bytearray, str)) else getattr(letter, "raw", None)
     if raw is None:
         raise TypeError(f"not a dead letter: {type(letter).__name__}")

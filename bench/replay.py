@@ -1,0 +1,160 @@
+"""Benchmark 13: an unthrottled replay of 100,000 dead letters, a whole DLQ and one failure group (target: >= 10,000/s).
+
+Fills its own redis-server through the dead-letterer's own script
+(``lua/dead_letter.lua``, so the group index is what a worker would have
+written) with 1 kB letters, then times ``celery dlq replay`` as an operator
+runs it (a subprocess of ``tests/integration/ops_app.py``, its start
+included):
+
+- ``replay DLQ.orders --all``: 100,000 letters;
+- ``replay DLQ.mixed --group <id>``: the 100,000 letters of one group in a
+  DLQ of 150,000 (the other 50,000, another group, must stay).
+
+Each run then checks, in Redis, that every task id is in the target queue
+exactly once and that the group counts match the letters left. Last, the
+interrupted case: an unthrottled ``--all`` replay of 100,000 is SIGKILLed
+after 2 s and run again; every task id must be delivered exactly once.
+
+Run: ``.venv/bin/python bench/replay.py [--quick] [--runs N]``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from bench.common import ROOT, RedisServer, machine, parser, redis_server_version  # noqa: E402
+from celery_dlq import headers as H  # noqa: E402
+from celery_dlq.fingerprint import group_id  # noqa: E402
+from celery_dlq.message import Envelope  # noqa: E402
+from celery_dlq.redis import groups  # noqa: E402
+from celery_dlq.redis.keys import QueueLists  # noqa: E402
+from celery_dlq.redis.scripts import Scripts  # noqa: E402
+
+TARGET = 10_000.0
+LISTS = QueueLists()
+
+
+def fill(client: redis.Redis, queue: str, n: int, task: str, message: str, start: int = 0) -> str:
+    """``n`` dead letters of ``task`` on ``DLQ.<queue>``, pushed by dead_letter.lua; returns their group id."""
+    scripts, dlq = Scripts(client), f"DLQ.{queue}"
+    pipe = client.pipeline(transaction=False)
+    script = scripts.get("dead_letter")
+    gid = ""
+    for i in range(start, start + n):
+        task_id = f"{queue}-{i:08d}"
+        headers = H.dead_letter_headers({"id": task_id, "task": task, "lang": "py", "argsrepr": f"({i},)",
+                                         "retries": 2}, delivery=3, queue=queue, exchange="", routing_key=queue,
+                                        reason="max_delivery_attempts",
+                                        failure={"type": "KeyError", "message": message.format(i),
+                                                 "traceback": "Traceback (most recent call last):\n" + " x" * 200},
+                                        worker="w1@bench")
+        gid = headers[H.GROUP] = group_id(task, "KeyError", message.format(i))
+        envelope = Envelope(b'[[1], {}, {"callbacks": null}]', "application/json", "utf-8", headers,
+                            {"correlation_id": task_id}, "", queue, queue)
+        at = headers[H.DEAD_LETTERED_AT]
+        script(keys=[LISTS.key(dlq), LISTS.groups(dlq)],
+               args=[envelope.element("", dlq, task_id), gid, "max_delivery_attempts", repr(at),
+                     groups.hour_of(at), groups.describe(headers, task_id)], client=pipe)
+        if len(pipe) >= 2000:
+            pipe.execute()
+    pipe.execute()
+    return gid
+
+
+def cli(url: str, queue: str, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, DLQ_TEST_BROKER=url, DLQ_TEST_QUEUE=queue, DLQ_TEST_PREFIX="bench", PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", *args],
+                            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def timed_replay(url: str, queue: str, *args: str) -> float:
+    started = time.perf_counter()
+    proc = cli(url, queue, "replay", f"DLQ.{queue}", *args)
+    out, err = proc.communicate(timeout=600)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, out + err
+    return elapsed
+
+
+def delivered(client: redis.Redis, queue: str) -> Counter:
+    return Counter(json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1))
+
+
+def group_counts(client: redis.Redis, dlq: str) -> dict[str, int]:
+    return {g.group_id: g.count for g in groups.parse(dlq, client.hgetall(LISTS.groups(dlq)), time.time())}
+
+
+def check_exactly_once(client: redis.Redis, queue: str, expected: set[str]) -> None:
+    seen = delivered(client, queue)
+    assert set(seen) == expected and max(seen.values()) == 1, "a letter lost or delivered twice"
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--letters", type=int, default=100_000)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    if args.quick:
+        args.letters, args.runs = 20_000, 1
+    n = args.letters
+    print(machine())
+    server = RedisServer().start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        print(f"redis-server {redis_server_version(client)}; {n:,} letters per run, {args.runs} runs\n")
+        rates: dict[str, list[float]] = {"whole DLQ (--all)": [], "one group (--group)": []}
+        for run in range(args.runs):
+            client.flushdb()
+            fill(client, "orders", n, "shop.charge", "'user_{}'")
+            size = len(client.lindex("DLQ.orders", 0))
+            elapsed = timed_replay(server.url, "orders", "--all")
+            check_exactly_once(client, "orders", {f"orders-{i:08d}" for i in range(n)})
+            assert client.llen("DLQ.orders") == 0 and group_counts(client, "DLQ.orders") == {}
+            rates["whole DLQ (--all)"].append(n / elapsed)
+            print(f"run {run + 1}: --all {n:,} letters of {size} B in {elapsed:.2f} s = {n / elapsed:,.0f}/s")
+
+            client.flushdb()
+            gid = fill(client, "mixed", n, "shop.charge", "'user_{}'")
+            other = fill(client, "mixed", n // 2, "shop.ship", "carrier {} down", start=n)
+            elapsed = timed_replay(server.url, "mixed", "--group", gid)
+            check_exactly_once(client, "mixed", {f"mixed-{i:08d}" for i in range(n)})
+            assert group_counts(client, "DLQ.mixed") == {other: n // 2} == {other: client.llen("DLQ.mixed")}
+            rates["one group (--group)"].append(n / elapsed)
+            print(f"run {run + 1}: --group {n:,} of {n + n // 2:,} letters in {elapsed:.2f} s = {n / elapsed:,.0f}/s")
+
+        client.flushdb()
+        fill(client, "killed", n, "shop.charge", "'user_{}'")
+        proc = cli(server.url, "killed", "replay", "DLQ.killed", "--all")
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        moved = client.llen("killed")
+        assert moved + client.llen("DLQ.killed") == n, "the kill lost or doubled a letter"
+        timed_replay(server.url, "killed", "--all")
+        check_exactly_once(client, "killed", {f"killed-{i:08d}" for i in range(n)})
+        print(f"\nkilled after 2 s with {moved:,} moved, run again: {n:,} delivered exactly once")
+
+        print(f"\n| replay (CLI, start included) | median letters/s | min | max | target |\n|---|---|---|---|---|")
+        for name, values in rates.items():
+            med = statistics.median(values)
+            print(f"| {name} | {med:,.0f} | {min(values):,.0f} | {max(values):,.0f} | "
+                  f"{'met' if med >= TARGET else 'MISSED'} (>= {TARGET:,.0f}) |")
+        print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
