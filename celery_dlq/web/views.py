@@ -15,7 +15,7 @@ from celery_dlq import headers as H
 from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.ops.window import letter_at, read_window
+from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.redis.lists import oldest_pages
 from celery_dlq.web.auth import TOKEN_USER
 from celery_dlq.web.charts import sparkline
@@ -68,7 +68,8 @@ def dlq_page(request: Request) -> Response:
     query = Query.parse(request.query_params)
     window = read_window(dead, query.start, query.size, newest_first=query.newest_first, where=query.selection())
     return render(request, "dlq.html", dead=dead, query=query, window=window, sizes=PAGE_SIZES,
-                  reasons=H.Reason.ALL, letters=[(n, letter, letter.as_dict()) for n, letter in window.letters])
+                  reasons=H.Reason.ALL,
+                  letters=[(anchor, letter, letter.as_dict()) for (_, letter), anchor in zip(window.letters, window.anchors)])
 
 
 def letter_page(request: Request) -> Response:
@@ -76,11 +77,12 @@ def letter_page(request: Request) -> Response:
     op = request.app.state.op
     dead = op.queue(request.path_params["name"])
     task_id = request.path_params["task_id"]
-    try:
-        position = int(request.query_params.get("at", -1))
-    except ValueError:
-        position = -1
-    letter = letter_at(dead, position, task_id, newest_first=request.query_params.get("order") != "oldest")
+    hint = request.query_params.get("at", "")
+    anchor = parse_anchor(hint)   # "<list>:<n from the old end>": what the DLQ page's links carry
+    if anchor is not None or not hint.lstrip("-").isdigit():
+        letter = find_letter(dead, task_id, anchor)
+    else:  # a page position (links of earlier versions)
+        letter = letter_at(dead, int(hint), task_id, newest_first=request.query_params.get("order") != "oldest")
     if letter is None:
         raise HTTPException(404, f"no dead letter of task {task_id} in {dead.name}: "
                                  "it was replayed or purged (perhaps by someone else)")
