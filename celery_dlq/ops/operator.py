@@ -24,6 +24,7 @@ from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.redis import trends
 from celery_dlq.redis.client import broker_client, connect
 from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
@@ -174,6 +175,10 @@ class Operator:
         """Failure groups of DLQ ``name`` (or the DLQ of queue ``name``), or of every DLQ found."""
         names = [self.queue(name).name] if name else sorted(self.known())
         return read_groups(self, names)
+
+    def trends(self) -> trends.Trends:
+        """Dead-lettered, parked and redelivered per minute (last hour) and per hour (last week), every shard."""
+        return trends.read(self.client, [shard.keys for shard in self.store.all], self.clock())
 
     def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
         """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""

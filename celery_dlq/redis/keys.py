@@ -122,6 +122,13 @@ class Keys:
         return self.base + ":metrics"
 
     @property
+    def trends(self) -> str:
+        """HASH ``<kind>|<queue or reason>|<name>|<m or h><slot>`` -> ``"<minute or hour>:<count>"``: dead-lettered,
+        parked and redelivered per minute (the last hour) and per hour (the last week), rings of fixed size
+        (``redis/trends.py``)."""
+        return self.base + ":trends"
+
+    @property
     def events(self) -> str:
         """STREAM, capped: the dead-letter archive (park, redelivery, dead letter, ...; ``events.py``)."""
         return self.base + ":events"

@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "replay_batch",
     "remove_letters",
     "find_letter",
+    "trend",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

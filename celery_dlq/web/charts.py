@@ -7,7 +7,7 @@ Content-Security-Policy (``default-src 'self'``) stays as strict as it is.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Any, Sequence
 
 from markupsafe import Markup, escape
 
@@ -46,3 +46,42 @@ def sparkline(arrivals: Sequence[int], now: float, *, what: str = "dead-lettered
     first = last - len(arrivals) + 1
     titles = [f"{hour_label(first + i)} UTC: {n} {what}" for i, n in enumerate(arrivals)]
     return bars(list(arrivals), titles, label=f"{sum(arrivals)} {what} in the last {len(arrivals)} hours")
+
+
+def minute_label(minute: int) -> str:
+    return datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%H:%M")
+
+
+#: What each trend counts, as the overview names it.
+TREND_TITLES = {"dead_lettered": "Dead-lettered", "parked": "Parked for a retry", "redelivered": "Redelivered"}
+
+
+def trend_sections(trends: Any) -> list[dict]:
+    """Per kind: a chart per minute (the last hour) and per hour (the last 7 days), with the numbers by queue
+    and (dead letters) by reason for the table under it. ``trends`` is :class:`celery_dlq.redis.trends.Trends`."""
+    minute, hour = int(trends.now // 60), int(trends.now // 3600)
+    sections = []
+    for kind, title in TREND_TITLES.items():
+        per_minute, per_hour = trends.total(kind, "minute"), trends.total(kind, "hour")
+        first_minute, first_hour = minute - len(per_minute) + 1, hour - len(per_hour) + 1
+        what = title.lower()
+        rows = []
+        for dimension in ("queue", "reason") if kind == "dead_lettered" else ("queue",):
+            for name in trends.names(kind, dimension):
+                key = (kind, dimension, name)
+                rows.append((dimension, name, sum(trends.minutes.get(key, ())), sum(trends.hours.get(key, ()))))
+        sections.append({
+            "kind": kind, "title": title, "hour_total": sum(per_minute), "week_total": sum(per_hour), "rows": rows,
+            "per_minute": bars(per_minute, [f"{minute_label(first_minute + i)} UTC: {n} {what}"
+                                            for i, n in enumerate(per_minute)],
+                               width=360, height=60, label=f"{title} per minute, the last hour", css="trend"),
+            "per_hour": bars(per_hour, [f"{hour_label(first_hour + i)} UTC: {n} {what}" for i, n in enumerate(per_hour)],
+                             width=504, height=60, label=f"{title} per hour, the last 7 days", css="trend"),
+        })
+    return sections
+
+
+def histogram(buckets: Sequence[tuple[str, int]], what: str = "parked retries due") -> Markup:
+    """A bar per labelled bucket (the parked retries' due times)."""
+    return bars([n for _, n in buckets], [f"{label}: {n} {what}" for label, n in buckets], width=320, height=60,
+                label=f"{sum(n for _, n in buckets)} {what}, by when", css="trend")

@@ -18,7 +18,7 @@ from celery_dlq.ops.operator import Operator
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.redis.lists import oldest_pages
 from celery_dlq.web.auth import TOKEN_USER
-from celery_dlq.web.charts import sparkline
+from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
 
@@ -42,7 +42,7 @@ def overview(request: Request) -> Response:
     report = op.groups()
     return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
                   jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh,
-                  **_groups(op, report, OVERVIEW_GROUPS))
+                  trends=trend_sections(op.trends()), **_groups(op, report, OVERVIEW_GROUPS))
 
 
 def groups_page(request: Request) -> Response:
@@ -95,8 +95,9 @@ def parked_page(request: Request) -> Response:
     op = request.app.state.op
     queue = request.query_params.get("queue") or None
     retries = list(op.parked.entries(queue, limit=PARKED_LIMIT))
+    due = op.parked.due_histogram(op.clock())
     return render(request, "parked.html", retries=retries, queue=queue, total=op.parked.store.count(),
-                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue())
+                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue(), due=due, due_chart=histogram(due))
 
 
 def job_page(request: Request) -> Response:

@@ -33,7 +33,7 @@ from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.fingerprint import group_id
 from celery_dlq.message import Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import groups, metrics
+from celery_dlq.redis import groups, metrics, trends
 from celery_dlq.redis.client import broker_client
 from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists, Stat
 from celery_dlq.redis.scripts import Scripts
@@ -120,6 +120,7 @@ class DeadLetterer:
             pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
         metrics.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
                      reason=reason)
+        shard.store.trend(pipe, trends.series("dead_lettered", envelope.queue, reason))
         pipe.execute()
         shard.archive.dead_lettered(letter, dlq)
         logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",

@@ -52,6 +52,28 @@ local function forget_entry(delayed_key, queues_key, parked_key, expiries_key, i
 end
 
 
+-- A ring slot: FIELD holds "<stamp>:<count>"; a slot last written for another stamp starts again at n.
+-- So a ring of N slots keeps the last N minutes or hours in N fields, whatever the traffic.
+local function ring_add(key, field, stamp, n)
+    local seen = redis.call('HGET', key, field)
+    local count = n
+    if seen then
+        local colon = string.find(seen, ':', 1, true)
+        if colon and tonumber(string.sub(seen, 1, colon - 1)) == stamp then
+            count = (tonumber(string.sub(seen, colon + 1)) or 0) + n
+        end
+    end
+    redis.call('HSET', key, field, stamp .. ':' .. count)
+end
+
+-- Trends (HASH Keys.trends; redis/trends.py reads it): BASE ("<kind>|queue|<name>", "<kind>|reason|<name>")
+-- counted in minute MINUTE (60 slots: the last hour) and hour MINUTE // 60 (168 slots: the last week).
+local function trend_add(key, base, minute, n)
+    local hour = math.floor(minute / 60)
+    ring_add(key, base .. '|m' .. (minute % 60), minute, n)
+    ring_add(key, base .. '|h' .. (hour % 168), hour, n)
+end
+
 -- A DLQ's failure groups (HASH, QueueLists.groups; redis/groups.py reads it). Fields, for group id G:
 --   n:G            dead letters of G in the DLQ now
 --   first:G last:G earliest and latest x-dlq-dead-lettered-at (unix s) of arrivals since G was last empty
@@ -72,17 +94,7 @@ local function group_add(key, gid, reason, at, hour, meta)
     end
     redis.call('HSET', key, 'm:' .. gid, meta)
     redis.call('HINCRBY', key, 'r:' .. gid .. ':' .. reason, 1)
-    local h = tonumber(hour)
-    local slot = 'h:' .. gid .. ':' .. (h % 24)
-    local seen = redis.call('HGET', key, slot)
-    local count = 1
-    if seen then
-        local colon = string.find(seen, ':', 1, true)
-        if colon and tonumber(string.sub(seen, 1, colon - 1)) == h then
-            count = (tonumber(string.sub(seen, colon + 1)) or 0) + 1
-        end
-    end
-    redis.call('HSET', key, slot, h .. ':' .. count)
+    ring_add(key, 'h:' .. gid .. ':' .. (tonumber(hour) % 24), tonumber(hour), 1)
 end
 
 local function group_remove(key, gid, reason)
