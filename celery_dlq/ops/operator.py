@@ -171,9 +171,10 @@ class Operator:
                         fields.get("dead_letter_queue_suffix", base.dead_letter_queue_suffix)))
         return {s for s in shapes if s[0] or s[1]}, named
 
-    def groups(self, name: str | None = None) -> GroupReport:
-        """Failure groups of DLQ ``name`` (or the DLQ of queue ``name``), or of every DLQ found."""
-        names = [self.queue(name).name] if name else sorted(self.known())
+    def groups(self, name: str | None = None, *, names: list[str] | None = None) -> GroupReport:
+        """Failure groups of DLQ ``name`` (or the DLQ of queue ``name``), of the DLQs ``names``, or of every DLQ."""
+        if names is None:
+            names = [self.queue(name).name] if name else sorted(self.known())
         return read_groups(self, names)
 
     def trends(self) -> trends.Trends:

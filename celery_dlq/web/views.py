@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq import headers as H
 from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.operator import Operator
+from celery_dlq.redis.trends import KINDS
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.redis.lists import oldest_pages
 from celery_dlq.web.auth import TOKEN_USER
@@ -39,10 +40,28 @@ def overview(request: Request) -> Response:
             times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
                      for key, (_, raws) in pages.items() if raws]
             oldest[row.name] = min((t for t in times if t is not None), default=None)
-    report = op.groups()
+    report = op.groups(names=_dlqs(rows))
     return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
                   jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh,
                   trends=trend_sections(op.trends()), **_groups(op, report, OVERVIEW_GROUPS))
+
+
+def overview_json(request: Request) -> Response:
+    """The overview's figures as JSON, for its in-place refresh (``static/refresh.js``): counters, each DLQ's depth,
+    each group's count, the trends' totals. Read-only, behind the same login as every page."""
+    op = request.app.state.op
+    rows = op.queues()
+    seen = op.trends()
+    return JSONResponse({
+        "at": op.clock(), "stats": op.stats(rows), "depths": {row.name: row.dead_letters for row in rows if row.name},
+        "groups": {g.group_id: g.count for g in op.groups(names=_dlqs(rows)).merged()},
+        "trends": {kind: {"hour": sum(seen.total(kind)), "week": sum(seen.total(kind, "hour"))} for kind in KINDS},
+    })
+
+
+def _dlqs(rows: list) -> list[str]:
+    """The DLQs of :meth:`Operator.queues` rows (read once per page: no second SCAN for the groups)."""
+    return sorted({row.name for row in rows if row.name})
 
 
 def groups_page(request: Request) -> Response:
@@ -123,6 +142,7 @@ def next_path(target: str | None) -> str:
 ROUTES = [
     Route("/", overview, name="overview"),
     Route("/groups", groups_page, name="groups"),
+    Route("/api/overview", overview_json, name="overview_json"),
     Route("/dlq/{name}", dlq_page, name="dlq"),
     Route("/dlq/{name}/letters/{task_id}", letter_page, name="letter"),
     Route("/parked", parked_page, name="parked"),

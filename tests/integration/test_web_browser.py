@@ -186,7 +186,7 @@ def test_overview_groups_failures_charts_them_and_replays_one_group_in_a_browser
     failing = [harness.send("proj.always_fails", args=(n * 17,)).id for n in range(2)]     # ValueError(#<n>)
     harness.wait_until(lambda: len(harness.dead_letters()) == 9, timeout=60, message="9 dead letters")
     worker.stop()   # nothing consumes the queue now: what a replay moves stays there to be counted
-    server = WebServer(harness)
+    server = WebServer(harness, "--refresh", "1")
     try:
         driver = browser
         driver.get(server.url + "/login")
@@ -238,6 +238,17 @@ def test_overview_groups_failures_charts_them_and_replays_one_group_in_a_browser
         left = {tr.get_attribute("data-group"): int(tr.get_attribute("data-count"))
                 for tr in driver.find_elements(By.CSS_SELECTOR, "tr.group")}
         assert left == {groups["proj.charge ValueError"][0]: 3, groups["proj.always_fails ValueError"][0]: 2}
+
+        # The figures refresh in place (a same-origin fetch of /api/overview), not by reloading the page.
+        page = driver.find_element(By.TAG_NAME, "html")
+        stat = driver.find_element(By.CSS_SELECTOR, '[data-stat="dead_letters_now"]')
+        assert stat.text == "5" and "in DLQs now" in driver.find_element(By.ID, "stats").text
+        gone = harness.dlq("purge", q, "--task", "proj.always_fails", "--force")
+        assert gone.returncode == 0, gone.stderr
+        wait_for(lambda: stat.text == "3", timeout=15, message="the in-place refresh", log=server.log())
+        failing_gid = groups["proj.always_fails ValueError"][0]
+        assert driver.find_element(By.CSS_SELECTOR, f'[data-group-count="{failing_gid}"]').text == "0"
+        assert page.is_displayed() and driver.find_element(By.TAG_NAME, "html") == page   # the same document
         driver.get(server.url + "/parked")
         driver.save_screenshot(str(shot_dir(tmp_path) / "web-parked.png"))
     finally:

@@ -119,3 +119,17 @@ def test_a_bad_group_id_is_a_clear_error_and_changes_nothing(web, world):
     r = c.post("/dlq/DLQ.orders/purge", data={"csrf_token": token, "group": "nope"})
     assert r.status_code == 400 and len(world.letters()) == 10
     assert c.get("/groups?dlq=DLQ.nope").status_code == 404
+
+
+def test_overview_json_gives_the_figures_the_page_refreshes_and_needs_the_login(web, world):
+    from starlette.testclient import TestClient
+
+    anonymous = TestClient(web).get("/api/overview", follow_redirects=False)
+    assert anonymous.status_code in (302, 303, 401) and "stats" not in anonymous.text
+    data = client(web).get("/api/overview").json()
+    assert data["groups"] == {CHARGE: 5, DECLINED: 3, SHIP: 2}
+    assert data["depths"] == {"DLQ.orders": 10} and data["stats"]["dead_letters_now"] == 10
+    assert set(data["trends"]) == {"dead_lettered", "parked", "redelivered"}
+    html = client(web).get("/").text
+    assert '<th>in DLQs now <span class="hint">dead_letters_now</span>' in html
+    assert 'title="Dead letters in every DLQ right now' in html and 'data-stat="dead_letters_now">10<' in html
