@@ -112,7 +112,9 @@ def letter_at(dead: DeadLetterQueue, position: int, task_id: str, *, newest_firs
     window = read_window(dead, position, 1, newest_first=newest_first) if position >= 0 else None
     if window and window.letters and window.letters[0][1].task_id == task_id:
         return window.letters[0][1]
-    return find_letter(dead, task_id)
+    # Stale (letters arrived or left since the link was made): search around where that position lies now.
+    anchor = parse_anchor(window.anchors[0]) if window and window.anchors else None
+    return find_letter(dead, task_id, anchor)
 
 
 def parse_anchor(text: str | None) -> tuple[int, int] | None:

@@ -118,3 +118,14 @@ def test_the_dlq_page_links_carry_anchors_that_work_after_arrivals(op, broker):
     assert c.get("/dlq/DLQ.orders/letters/id-3?at=junk").status_code == 200
     assert c.get("/dlq/DLQ.orders/letters/id-3?at=0:999999").status_code == 200
     assert c.get("/dlq/DLQ.orders/letters/id-9999?at=0:5").status_code == 404
+
+
+def test_a_stale_page_position_is_searched_around_where_it_lies_now(op, broker, monkeypatch):
+    push(broker, 0, 3000)
+    dead = op.queue("DLQ.orders")
+    (_, newest), = read_window(dead, 0, 1, newest_first=True).letters
+    push(broker, 3000, 300)   # the link said "position 0, newest first": that is another letter now
+    calls = searched(monkeypatch)
+    found = window.letter_at(dead, 0, newest.task_id, newest_first=True)
+    assert found is not None and found.raw == newest.raw
+    assert sum(last - first + 1 for first, last in calls) < 2000   # around the head, not from the old end
