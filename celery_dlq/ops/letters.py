@@ -168,6 +168,15 @@ class Filter:
         if self.task_name is not None:  # a bad pattern fails now, not per message
             object.__setattr__(self, "_pattern", Pattern.parse(self.task_name, "task name filter"))
 
+    def needle(self) -> str | None:
+        """Text every matching letter's stored JSON holds, for a search inside Redis to pass over the rest
+        (candidates are still checked with :meth:`matches`); None when no field gives one."""
+        for value, quoted in ((self.group, False), (self.task_id, False), (self.task_name, True),
+                              (self.exception_type, False), (self.original_queue, True), (self.reason, True)):
+            if value and value.isascii() and value.isprintable() and not set(value) & set('"\\*#/'):
+                return f'"{value}"' if quoted else value
+        return None
+
     def matches(self, letter: DeadLetter) -> bool:
         at = letter.dead_lettered_at
         exc_type = letter.header(H.EXCEPTION_TYPE) or ""

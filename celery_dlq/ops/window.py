@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from celery_dlq.ops.letters import DeadLetter, Selector
+from celery_dlq.ops.letters import DeadLetter, Filter, Selector
 from celery_dlq.redis.lists import tail_range
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 #: Dead letters read per LRANGE while a selection is applied.
 BATCH = 500
+#: Letters searched per find_letter.lua call when a filter has a needle (inside Redis: no decode per letter).
+NEEDLE_BATCH = 2000
 #: Letters searched per find_letter.lua call around an anchor, first; each further call twice as many.
 SEARCH_FIRST = 256
 #: At most this many letters searched per call (each call blocks Redis for its length).
@@ -82,27 +84,35 @@ def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newes
     shown: list[tuple[int, DeadLetter]] = []
     anchors: list[str] = []
     position, scanned = start, 0
+    needle = where.needle() if isinstance(where, Filter) else None
     while len(shown) < count and position < total and (where is None or scanned < scan):
         located = _locate(segments, position)
         if located is None:
             break
         s, offset = located
         index, length, from_head = segments[s]
-        batch = min(count - len(shown) if where is None else min(BATCH, scan - scanned), length - offset)
+        per_call = NEEDLE_BATCH if needle is not None else BATCH
+        batch = min(count - len(shown) if where is None else min(per_call, scan - scanned), length - offset)
         bounds = (offset, offset + batch - 1) if from_head else tail_range(offset, batch)
-        raws = broker.lrange(keys[index], *bounds)
-        if not raws:  # the list shrank under us: nothing more to read here
-            break
-        if not from_head:
-            raws = raws[::-1]
-        for n, raw in enumerate(raws):
+        if needle is not None:   # only the letters holding the needle come back, with their offsets
+            found = dead.op.scripts.run("find_letter", [keys[index]], [needle, *bounds])
+            read = sorted(((int(found[i]) if from_head else -int(found[i]) - 1) - offset, found[i + 1])
+                          for i in range(0, len(found), 2))
+        else:
+            raws = broker.lrange(keys[index], *bounds)
+            if not raws:  # the list shrank under us: nothing more to read here
+                break
+            read = list(enumerate(raws if from_head else raws[::-1]))
+        base = position
+        position, scanned = base + batch, scanned + batch
+        for n, raw in read:
             letter = DeadLetter.parse(dead.name, keys[index], raw, dead.op.accept)
-            position, scanned = position + 1, scanned + 1
             if where is None or where.matches(letter):
-                shown.append((position - 1, letter))
+                shown.append((base + n, letter))
                 from_tail = length - 1 - (offset + n) if from_head else offset + n
                 anchors.append(f"{index}:{from_tail}")
                 if len(shown) == count:
+                    position = base + n + 1
                     break
     return Window(shown, start, position if position < total else None, total, scanned, tuple(anchors))
 

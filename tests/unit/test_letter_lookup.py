@@ -129,3 +129,19 @@ def test_a_stale_page_position_is_searched_around_where_it_lies_now(op, broker, 
     found = window.letter_at(dead, 0, newest.task_id, newest_first=True)
     assert found is not None and found.raw == newest.raw
     assert sum(last - first + 1 for first, last in calls) < 2000   # around the head, not from the old end
+
+
+def test_a_filter_with_a_needle_is_searched_inside_redis_and_selects_what_matches_selects(op, broker):
+    from celery_dlq.manage import Filter
+
+    push(broker, 0, 1200)   # every letter mentions "id-<n+1>" in its arguments: candidates that must not match
+    dead = op.queue("DLQ.orders")
+    for where in (Filter(task_id="id-700"), Filter(task_name="shop.charge", until=1_700_000_010),
+                  Filter(reason="max_delivery_attempts", since=1_700_001_190)):
+        assert where.needle() is not None
+        for newest_first in (True, False):
+            shown = [letter.task_id for _, letter in read_window(dead, 0, 50, newest_first=newest_first,
+                                                                 where=where).letters]
+            expected = [letter.task_id for letter in dead.entries(where)]
+            assert shown == (expected[::-1] if newest_first else expected)[:50] and shown
+    assert Filter(task_name="shop.*").needle() is None and Filter(text="declined").needle() is None
