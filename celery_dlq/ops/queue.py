@@ -111,7 +111,7 @@ class DeadLetterQueue:
         """Move matching dead letters back to their original queue (or ``to``), oldest first, in one pass.
 
         ``rate`` caps messages per second over the whole pass. Each message
-        moves atomically (see ``lua/replay_move.lua``); run it again after an
+        moves atomically (see ``lua/replay_batch.lua``); run it again after an
         interruption.
         """
         if rate is not None and not rate > 0:

@@ -24,7 +24,6 @@ SCRIPT_NAMES = (
     "count",
     "next_due",
     "count_delivery",
-    "replay_move",
     "fetch",
     "reject_invalid",
     "release_quarantine",
