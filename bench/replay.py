@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -79,13 +80,23 @@ def cli(url: str, queue: str, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def timed_replay(url: str, queue: str, *args: str) -> float:
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+
+def timed_replay(url: str, queue: str, *args: str) -> tuple[float, float, float]:
+    """Wall seconds, the CLI's CPU seconds and redis-server's CPU seconds of one ``replay``."""
+    client = redis.Redis.from_url(url)
+    children, server = resource.getrusage(resource.RUSAGE_CHILDREN), redis_cpu(client)
     started = time.perf_counter()
     proc = cli(url, queue, "replay", f"DLQ.{queue}", *args)
     out, err = proc.communicate(timeout=600)
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0, out + err
-    return elapsed
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    return elapsed, cpu, redis_cpu(client) - server
 
 
 def delivered(client: redis.Redis, queue: str) -> Counter:
@@ -115,24 +126,29 @@ def main() -> None:
         client = redis.Redis.from_url(server.url)
         print(f"redis-server {redis_server_version(client)}; {n:,} letters per run, {args.runs} runs\n")
         rates: dict[str, list[float]] = {"whole DLQ (--all)": [], "one group (--group)": []}
+        cpus: dict[str, list[tuple[float, float]]] = {name: [] for name in rates}
         for run in range(args.runs):
             client.flushdb()
             fill(client, "orders", n, "shop.charge", "'user_{}'")
             size = len(client.lindex("DLQ.orders", 0))
-            elapsed = timed_replay(server.url, "orders", "--all")
+            elapsed, cpu, server_cpu = timed_replay(server.url, "orders", "--all")
+            cpus["whole DLQ (--all)"].append((cpu, server_cpu))
             check_exactly_once(client, "orders", {f"orders-{i:08d}" for i in range(n)})
             assert client.llen("DLQ.orders") == 0 and group_counts(client, "DLQ.orders") == {}
             rates["whole DLQ (--all)"].append(n / elapsed)
-            print(f"run {run + 1}: --all {n:,} letters of {size} B in {elapsed:.2f} s = {n / elapsed:,.0f}/s")
+            print(f"run {run + 1}: --all {n:,} letters of {size} B in {elapsed:.2f} s = {n / elapsed:,.0f}/s "
+                  f"(CLI {cpu:.2f} s CPU, redis-server {server_cpu:.2f} s CPU)")
 
             client.flushdb()
             gid = fill(client, "mixed", n, "shop.charge", "'user_{}'")
             other = fill(client, "mixed", n // 2, "shop.ship", "carrier {} down", start=n)
-            elapsed = timed_replay(server.url, "mixed", "--group", gid)
+            elapsed, cpu, server_cpu = timed_replay(server.url, "mixed", "--group", gid)
+            cpus["one group (--group)"].append((cpu, server_cpu))
             check_exactly_once(client, "mixed", {f"mixed-{i:08d}" for i in range(n)})
             assert group_counts(client, "DLQ.mixed") == {other: n // 2} == {other: client.llen("DLQ.mixed")}
             rates["one group (--group)"].append(n / elapsed)
-            print(f"run {run + 1}: --group {n:,} of {n + n // 2:,} letters in {elapsed:.2f} s = {n / elapsed:,.0f}/s")
+            print(f"run {run + 1}: --group {n:,} of {n + n // 2:,} letters in {elapsed:.2f} s = {n / elapsed:,.0f}/s "
+                  f"(CLI {cpu:.2f} s CPU, redis-server {server_cpu:.2f} s CPU)")
 
         client.flushdb()
         fill(client, "killed", n, "shop.charge", "'user_{}'")
@@ -149,11 +165,14 @@ def main() -> None:
         assert 0 < moved < n, f"not killed mid-run ({moved:,} of {n:,} moved)"
         print(f"\nkilled with {moved:,} of {n:,} moved, run again: {n:,} delivered exactly once")
 
-        print(f"\n| replay (CLI, start included) | median letters/s | min | max | target |\n|---|---|---|---|---|")
+        print(f"\n| replay (CLI, start included) | median letters/s | min | max | CLI CPU s | redis CPU s | "
+              f"letters per CLI CPU s | target |\n|---|---|---|---|---|---|---|---|")
         for name, values in rates.items():
             med = statistics.median(values)
-            print(f"| {name} | {med:,.0f} | {min(values):,.0f} | {max(values):,.0f} | "
-                  f"{'met' if med >= TARGET else 'MISSED'} (>= {TARGET:,.0f}) |")
+            cli_cpu = statistics.median(c for c, _ in cpus[name])
+            server_cpu = statistics.median(s for _, s in cpus[name])
+            print(f"| {name} | {med:,.0f} | {min(values):,.0f} | {max(values):,.0f} | {cli_cpu:.2f} | "
+                  f"{server_cpu:.2f} | {n / cli_cpu:,.0f} | {'met' if med >= TARGET else 'MISSED'} (>= {TARGET:,.0f}) |")
         print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     finally:
         server.stop()
