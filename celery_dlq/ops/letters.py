@@ -41,11 +41,11 @@ class DeadLetter(TaskIdentity):
     def decoded(self) -> RawMessage:
         return RawMessage(self.message)
 
-    @property
+    @cached_property
     def headers(self) -> dict:  # type: ignore[override]
-        return self.decoded.headers
+        return self.decoded.headers   # read a dozen times per letter in a replay: decoded once
 
-    @property
+    @cached_property
     def properties(self) -> dict:  # type: ignore[override]
         return self.decoded.properties
 
