@@ -13,19 +13,23 @@ from markupsafe import Markup, escape
 
 
 def bars(values: Sequence[int], titles: Sequence[str], *, width: int = 120, height: int = 24,
-         label: str = "", css: str = "spark") -> Markup:
+         label: str = "", css: str = "spark", names: Sequence[str] = ()) -> Markup:
     """A bar per value, scaled to the largest; each bar's ``<title>`` is its tooltip (``titles[i]``).
 
     ``label`` is the chart's accessible name (``aria-label``, and its own
     ``<title>``); an empty bar is drawn as a baseline tick so a quiet hour
-    still shows as a slot.
+    still shows as a slot. ``names``, when given, are written under the bars.
     """
     n = max(len(values), 1)
     top = max(values, default=0) or 1
     step = width / n
     gap = 1 if step > 3 else 0
-    parts = [f'<svg class="{escape(css)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}"><title>{escape(label)}</title>']
+    full = height + (16 if names else 0)
+    parts = [f'<svg class="{escape(css)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{full}" '
+             f'viewBox="0 0 {width} {full}" role="img" aria-label="{escape(label)}"><title>{escape(label)}</title>']
+    for i, name in enumerate(names):
+        parts.append(f'<text x="{(i + 0.5) * step:.2f}" y="{full - 3}" text-anchor="middle" font-size="11">'
+                     f'{escape(name)}</text>')
     for i, (value, title) in enumerate(zip(values, titles)):
         h = max(1.0, (height - 1) * value / top) if value else 1.0
         parts.append(f'<rect class="{"bar" if value else "zero"}" data-value="{int(value)}" x="{i * step:.2f}" '
@@ -83,5 +87,5 @@ def trend_sections(trends: Any) -> list[dict]:
 
 def histogram(buckets: Sequence[tuple[str, int]], what: str = "parked retries due") -> Markup:
     """A bar per labelled bucket (the parked retries' due times)."""
-    return bars([n for _, n in buckets], [f"{label}: {n} {what}" for label, n in buckets], width=320, height=60,
-                label=f"{sum(n for _, n in buckets)} {what}, by when", css="trend")
+    return bars([n for _, n in buckets], [f"{label}: {n} {what}" for label, n in buckets], width=640, height=60,
+                label=f"{sum(n for _, n in buckets)} {what}, by when", css="trend", names=[b for b, _ in buckets])

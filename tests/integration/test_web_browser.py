@@ -161,6 +161,9 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         click(driver, driver.find_element(By.LINK_TEXT, "Parked retries"))
         (retry,) = driver.find_elements(By.CSS_SELECTOR, "tr.retry")
         assert retry.get_attribute("data-task-id") == parked and "in 59m" in retry.text
+        due = {cell.get_attribute("data-bucket"): cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "#due td")}
+        assert due["15-60 min"] == "1" and sum(map(int, due.values())) == 1   # the histogram of due times
+        driver.save_screenshot(str(shot_dir(tmp_path) / "web-parked.png"))
         click(driver, retry.find_element(By.CSS_SELECTOR, "button.redeliver"))
         assert "Due now" in driver.find_element(By.ID, "result").text
         # proj.park_long fails again on its 2nd (last) delivery: redelivered now, it is dead-lettered now.
@@ -249,8 +252,6 @@ def test_overview_groups_failures_charts_them_and_replays_one_group_in_a_browser
         failing_gid = groups["proj.always_fails ValueError"][0]
         assert driver.find_element(By.CSS_SELECTOR, f'[data-group-count="{failing_gid}"]').text == "0"
         assert page.is_displayed() and driver.find_element(By.TAG_NAME, "html") == page   # the same document
-        driver.get(server.url + "/parked")
-        driver.save_screenshot(str(shot_dir(tmp_path) / "web-parked.png"))
     finally:
         server.stop()
 
