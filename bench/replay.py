@@ -73,10 +73,11 @@ def fill(client: redis.Redis, queue: str, n: int, task: str, message: str, start
     return gid
 
 
-def cli(url: str, queue: str, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, DLQ_TEST_BROKER=url, DLQ_TEST_QUEUE=queue, DLQ_TEST_PREFIX="bench", PYTHONPATH=str(ROOT))
+def cli(url: str, queue: str, *args: str, root: Path = ROOT) -> subprocess.Popen:
+    """``celery dlq ARGS`` of the checkout at ``root`` (another one: ``--baseline``)."""
+    env = dict(os.environ, DLQ_TEST_BROKER=url, DLQ_TEST_QUEUE=queue, DLQ_TEST_PREFIX="bench", PYTHONPATH=str(root))
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq", *args],
-                            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -85,13 +86,13 @@ def redis_cpu(client: redis.Redis) -> float:
     return info["used_cpu_user"] + info["used_cpu_sys"]
 
 
-def timed_replay(url: str, queue: str, *args: str) -> tuple[float, float, float]:
+def timed_replay(url: str, queue: str, *args: str, root: Path = ROOT) -> tuple[float, float, float]:
     """Wall seconds, the CLI's CPU seconds and redis-server's CPU seconds of one ``replay``."""
     client = redis.Redis.from_url(url)
     children, server = resource.getrusage(resource.RUSAGE_CHILDREN), redis_cpu(client)
     started = time.perf_counter()
-    proc = cli(url, queue, "replay", f"DLQ.{queue}", *args)
-    out, err = proc.communicate(timeout=600)
+    proc = cli(url, queue, "replay", f"DLQ.{queue}", *args, root=root)
+    out, err = proc.communicate(timeout=900)
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0, out + err
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -116,6 +117,8 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--letters", type=int, default=100_000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--baseline", type=Path, help="another checkout (e.g. `git archive <commit> | tar -x -C DIR`): "
+                                                 "its `replay --all` is timed in the same runs, interleaved")
     args = p.parse_args()
     if args.quick:
         args.letters, args.runs = 20_000, 1
@@ -126,6 +129,8 @@ def main() -> None:
         client = redis.Redis.from_url(server.url)
         print(f"redis-server {redis_server_version(client)}; {n:,} letters per run, {args.runs} runs\n")
         rates: dict[str, list[float]] = {"whole DLQ (--all)": [], "one group (--group)": []}
+        if args.baseline:
+            rates["whole DLQ (--all), baseline"] = []
         cpus: dict[str, list[tuple[float, float]]] = {name: [] for name in rates}
         for run in range(args.runs):
             client.flushdb()
@@ -138,6 +143,16 @@ def main() -> None:
             rates["whole DLQ (--all)"].append(n / elapsed)
             print(f"run {run + 1}: --all {n:,} letters of {size} B in {elapsed:.2f} s = {n / elapsed:,.0f}/s "
                   f"(CLI {cpu:.2f} s CPU, redis-server {server_cpu:.2f} s CPU)")
+
+            if args.baseline:
+                client.flushdb()
+                fill(client, "orders", n, "shop.charge", "'user_{}'")
+                elapsed, cpu, server_cpu = timed_replay(server.url, "orders", "--all", root=args.baseline.resolve())
+                check_exactly_once(client, "orders", {f"orders-{i:08d}" for i in range(n)})
+                rates["whole DLQ (--all), baseline"].append(n / elapsed)
+                cpus["whole DLQ (--all), baseline"].append((cpu, server_cpu))
+                print(f"run {run + 1}: baseline --all in {elapsed:.2f} s = {n / elapsed:,.0f}/s "
+                      f"(CLI {cpu:.2f} s CPU, redis-server {server_cpu:.2f} s CPU)")
 
             client.flushdb()
             gid = fill(client, "mixed", n, "shop.charge", "'user_{}'")
