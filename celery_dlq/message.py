@@ -196,12 +196,12 @@ class RawMessage(TaskIdentity):
 
         For a dead letter that is where :meth:`Envelope.publish` sends it home.
         """
-        headers = self.headers
+        headers, properties = self.headers, self.properties
         queue = headers.get(H.ORIGINAL_QUEUE) or ""
         return Envelope(
             body=self.body, content_type=self.content_type, content_encoding=self.content_encoding,
             headers=headers,
-            properties={k: self.properties[k] for k in CARRIED_PROPERTIES if self.properties.get(k) is not None},
+            properties={k: properties[k] for k in CARRIED_PROPERTIES if properties.get(k) is not None},
             exchange=headers.get(H.ORIGINAL_EXCHANGE) or "",
             routing_key=headers.get(H.ORIGINAL_ROUTING_KEY) or queue, queue=queue)
 

@@ -2,8 +2,9 @@
 
 A dead letter is the original message (body untouched) published to a plain
 kombu queue, ``DLQ.<queue>`` by default, with ``x-dlq-*`` headers saying where
-it came from and why it died. The queue is declared on first use, so
-``redis-cli LLEN DLQ.orders`` shows it on a Redis broker.
+it came from and why it died. ``redis-cli LLEN DLQ.orders`` shows it on a
+Redis broker (a list needs no declaring; off Redis the queue is declared on
+first use).
 
 On a Redis broker the dead letter is pushed by a Lua script
 (``lua/dead_letter.lua``) that also counts it in the DLQ's failure-group
