@@ -234,3 +234,20 @@ def test_cli_groups_lists_them_and_replay_group_takes_one(world):
     assert done.exit_code == 0 and "Replayed 3 of 3" in done.output, done.output
     assert world.broker.llen(world.queue) == 3 and world.counts() == {rows[1]["group"]: 1}
     assert_exact(world)
+
+
+def test_a_letter_carries_its_payload_hash_and_its_replay_event_reuses_it(world):
+    from celery_dlq.message import payload_hash
+    from celery_dlq.redis.archive import Event, _as_envelope, event_of
+
+    world.fail("shop.charge", "KeyError", "'user_1'")
+    (letter,) = world.op.queue(world.dlq).entries()
+    expected = payload_hash("shop.charge", b"[[1], {}, {}]", "application/json", "utf-8")
+    assert letter.header(H.PAYLOAD_HASH) == expected
+    assert event_of("replayed", _as_envelope(letter), dlq=world.dlq).payload_hash == expected
+    forged = json.loads(letter.raw)
+    forged["headers"][H.PAYLOAD_HASH] = "not a hash"          # not 32 characters: computed from the body
+    assert event_of("replayed", _as_envelope(json.dumps(forged)), dlq=world.dlq).payload_hash == expected
+    world.op.queue(world.dlq).replay()
+    replayed = [Event.from_fields(fields) for _, fields in world.op.archive.read() if fields[b"type"] == b"replayed"]
+    assert [event.payload_hash for event in replayed] == [expected]
