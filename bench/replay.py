@@ -37,7 +37,7 @@ import redis  # noqa: E402
 from bench.common import ROOT, RedisServer, machine, parser, redis_server_version  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.fingerprint import group_id  # noqa: E402
-from celery_dlq.message import Envelope  # noqa: E402
+from celery_dlq.message import Envelope, payload_hash  # noqa: E402
 from celery_dlq.redis import groups  # noqa: E402
 from celery_dlq.redis.keys import QueueLists  # noqa: E402
 from celery_dlq.redis.scripts import Scripts  # noqa: E402
@@ -61,8 +61,9 @@ def fill(client: redis.Redis, queue: str, n: int, task: str, message: str, start
                                                  "traceback": "Traceback (most recent call last):\n" + " x" * 200},
                                         worker="w1@bench")
         gid = headers[H.GROUP] = group_id(task, "KeyError", message.format(i))
-        envelope = Envelope(b'[[1], {}, {"callbacks": null}]', "application/json", "utf-8", headers,
-                            {"correlation_id": task_id}, "", queue, queue)
+        body = f'[[{i}], {{}}, {{"callbacks": null}}]'.encode()
+        headers[H.PAYLOAD_HASH] = payload_hash(task, body, "application/json", "utf-8")   # as the dead-letterer does
+        envelope = Envelope(body, "application/json", "utf-8", headers, {"correlation_id": task_id}, "", queue, queue)
         at = headers[H.DEAD_LETTERED_AT]
         script(keys=[LISTS.key(dlq), LISTS.groups(dlq)],
                args=[envelope.element("", dlq, task_id), gid, "max_delivery_attempts", repr(at),
