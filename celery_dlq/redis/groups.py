@@ -15,7 +15,7 @@ grows with the number of groups (about 30 fields each), not of letters.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from celery_dlq import headers as H
@@ -43,7 +43,6 @@ class GroupStats:
     sample_task_id: str = ""
     sample_message: str = ""
     original_queue: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
 
     def as_dict(self) -> dict:
         return {"group": self.group_id, "dlq": self.dlq, "count": self.count, "first_dead_lettered_at": self.first,
