@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from celery_dlq import headers as H
@@ -191,9 +191,10 @@ def _as_envelope(letter: Any) -> Envelope:
 
 
 def _hashed(envelope: Envelope) -> Envelope:
+    """``envelope`` (just built by ``as_envelope``: its ``extra`` is its own) with the hash its letter carries."""
     known = envelope.headers.get(H.PAYLOAD_HASH)
-    if isinstance(known, str) and len(known) == 32 and PAYLOAD_HASH not in envelope.extra:
-        return replace(envelope, extra={**envelope.extra, PAYLOAD_HASH: known})
+    if isinstance(known, str) and len(known) == 32:
+        envelope.extra.setdefault(PAYLOAD_HASH, known)
     return envelope
 
 
