@@ -13,7 +13,7 @@ from celery_dlq.analytics.options import ReportOptions
 from celery_dlq.analytics.plan import load_plan
 from tests.analytics.conftest import AS_OF
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 
 def test_event_and_dead_letter_counts(hand_report):
@@ -132,6 +132,14 @@ def test_documents_and_tables_are_written(hand_report):
     for name in ("attempts_before_death", "redelivery_by_task", "poison_payloads", "trend_by_queue",
                  "time_to_dead_letter_by_queue"):
         assert pq.read_table(out / "tables" / name).num_rows > 0, name
+
+
+#: Every check of the hand-built report above: test_standalone.py runs them on the report a cluster computed.
+HAND_REPORT_CHECKS = (test_event_and_dead_letter_counts, test_dead_letters_per_utc_day_queue_task_and_exception,
+                      test_attempts_before_death, test_time_to_dead_letter_exact_percentiles,
+                      test_redelivery_success_rate_per_task, test_one_recurring_poison_payload,
+                      test_trend_last_7_days_against_the_previous_7, test_default_replay_plan_excludes_poison_and_replayed,
+                      test_documents_and_tables_are_written)
 
 
 def _plan(hand_events, out, **predicates):

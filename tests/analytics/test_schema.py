@@ -33,6 +33,7 @@ def test_a_field_added_to_the_archive_schema_reaches_the_spark_ddl():
 
 
 @pytest.mark.spark
+@pytest.mark.xdist_group("spark")
 def test_spark_reads_the_exported_files_with_the_declared_types(spark, hand_archive):
     base = f"{hand_archive}/events"
     written = spark.read.option("basePath", base).parquet(base).schema
