@@ -24,12 +24,12 @@ def test_a_task_killing_the_whole_worker_is_dead_lettered_as_worker_lost(harness
     poison = harness.send("proj.kills_worker")          # max_delivery_attempts 2
     for attempt in (1, 2):
         worker = harness.worker(concurrency=1, name=f"run{attempt}")
-        harness.wait_until(lambda: len(harness.deliveries(poison.id)) == attempt, timeout=60,
+        harness.wait_until(lambda: len(harness.deliveries(poison.id)) == attempt, timeout=30,
                            message=f"delivery {attempt} of the worker-killing task")
         worker.proc.wait(timeout=30)
         assert worker.proc.returncode == -9, "the task SIGKILLs its worker's main process"
     survivor = harness.worker(concurrency=1, name="run3")
-    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=60, message="the worker_lost dead letter")
+    harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=30, message="the worker_lost dead letter")
     headers = harness.dead_letters()[0]["headers"]
     # The count of the last delivery that ran: the third is refused before it runs.
     assert (headers["id"], headers[H.REASON], headers[H.DELIVERY_COUNT]) == (poison.id, "worker_lost", 2)
