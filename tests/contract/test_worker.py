@@ -3,8 +3,10 @@
 Each test sends its own tasks and looks only at their task ids: the quick
 start's fail, park, move, dead-letter and success; ``self.retry`` with new
 arguments; malformed list elements quarantined as dead letters; the stored
-traceback equal to the live one; and every delivery exactly once across two
-workers. The operator side (CLI, exporter, dashboard) reads what they left.
+traceback equal to the live one; every delivery exactly once across two
+workers; the outcomes Celery reports each its own way (unknown task, hard
+time limit, a task's own requeue, expiry). The operator side (CLI list, show
+and replay, the exporter, the dashboard) reads what they left.
 """
 from __future__ import annotations
 
@@ -109,6 +111,35 @@ def test_two_workers_run_every_delivery_exactly_once(stack):
     workers_alive(stack)
 
 
+def test_an_unknown_task_is_dead_lettered_unknown_task(stack):
+    result = stack.send("proj.does_not_exist", args=(1, 2))
+    headers = dead_lettered(stack, result.id)["headers"]
+    assert (headers[H.REASON], headers["task"]) == ("unknown_task", "proj.does_not_exist")
+
+
+def test_a_hard_time_limit_is_a_failed_delivery_then_dead_lettered_time_limit(stack):
+    result = stack.send("proj.hangs")       # time_limit=1, 2 deliveries
+    headers = dead_lettered(stack, result.id)["headers"]
+    assert headers[H.REASON] == "time_limit" and "TimeLimitExceeded" in headers[H.EXCEPTION_TYPE]
+    assert counts(stack, result.id) == [1, 2]
+    workers_alive(stack)
+
+
+def test_a_task_that_requeues_itself_uses_up_no_attempt(stack):
+    """``Reject(requeue=True)`` with one attempt allowed: kombu gives it back marked ``redelivered``."""
+    result = stack.send("proj.requeues_once")
+    stack.wait_until(lambda: len(counts(stack, result.id)) == 2, message="the requeued message ran again")
+    assert [(r["run"], r["delivery"]) for r in stack.deliveries(result.id)] == [(1, 1), (2, 1)]
+    assert not letters_of(stack, result.id)
+
+
+def test_a_failure_whose_redelivery_would_come_after_expires_is_dead_lettered_expired(stack):
+    late = stack.send("proj.fails_slow_retry", expires=2)      # its next delivery (5 s) would come after expiry
+    headers = dead_lettered(stack, late.id)["headers"]
+    assert (headers[H.REASON], headers[H.DELIVERY_COUNT]) == ("expired", 1)
+    assert counts(stack, late.id) == [1]
+
+
 # -- the operator side ---------------------------------------------------------
 
 
@@ -120,23 +151,30 @@ def letter(stack):
     return result.id
 
 
-def test_the_cli_lists_and_shows_dead_letters(stack, letter):
+def test_the_cli_lists_shows_and_replays_dead_letters(stack, letter):
     listed = stack.dlq_json("list", f"DLQ.{stack.queue}", "--limit", "0")
     assert letter in [row["task_id"] for row in listed]
     [shown] = stack.dlq_json("show", letter)
     assert (shown["task_id"], shown["reason"], shown["original_queue"]) == (letter, "non_retryable", stack.queue)
     assert shown["headers"][H.TRACEBACK].rstrip().endswith("KeyError: 'missing'")
+    replay = stack.dlq("replay", stack.queue, letter)            # published by the operator's kombu producer
+    assert replay.returncode == 0, replay.stderr
+    stack.wait_until(lambda: len(counts(stack, letter)) == 2 and letters_of(stack, letter), message="replayed, "
+                     "run again on delivery 1 and dead-lettered again")
+    assert counts(stack, letter) == [1, 1]
 
 
 def test_the_exporter_answers_one_scrape(stack, letter, tmp_path):
+    dlq = f"DLQ.{stack.queue}"
     exporter = ExporterProcess(ops_env(stack.broker, stack.queue, stack.prefix), tmp_path / "exporter.log").start()
     try:
+        before = stack.redis.llen(dlq)
         got = exporter.scrape()
+        after = stack.redis.llen(dlq)
     finally:
         assert exporter.stop() == 0
-    dlq = f"DLQ.{stack.queue}"
     assert got[("celery_dlq_redis_up", ())] == 1
-    assert got[("celery_dlq_dead_letters", (("dlq", dlq), ("queue", stack.queue)))] == stack.redis.llen(dlq)
+    assert before <= got[("celery_dlq_dead_letters", (("dlq", dlq), ("queue", stack.queue)))] <= after > 0
 
 
 def test_the_dashboard_serves_its_overview(stack, letter, tmp_path):
