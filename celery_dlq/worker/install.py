@@ -4,9 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.worker.consumer import DeadLetterDiscards
-from celery_dlq.worker.mover import Mover
 from celery_dlq.worker.runtime import Runtime, runtime_of
+from celery_dlq.worker.steps import bound_steps
 
 
 def install(app: Any, validate: bool = True) -> Runtime:
@@ -21,8 +20,8 @@ def install(app: Any, validate: bool = True) -> Runtime:
     runtime = runtime_of(app)
     if not runtime.installed:
         runtime.installed = True
-        app.steps["consumer"].add(DeadLetterDiscards.bound(runtime))
-        app.steps["consumer"].add(Mover.bound(runtime))
+        for step in bound_steps(runtime):
+            app.steps["consumer"].add(step)
     if validate:
         runtime.validate()
     return runtime

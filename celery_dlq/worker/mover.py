@@ -294,19 +294,10 @@ def _batch(producer: Any, size: int) -> Any:
 
 
 class Mover(bootsteps.StartStopStep):
-    """Consumer bootstep: one mover thread per worker.
-
-    ``runtime`` is set by :func:`~celery_dlq.worker.install.install` on the
-    subclass it adds to the app's consumer blueprint (:meth:`bound`).
-    """
+    """Consumer bootstep: one mover thread per worker (``runtime`` set by ``steps.bound_steps``)."""
 
     requires = ("celery.worker.consumer.connection:Connection",)
     runtime: Runtime
-
-    @classmethod
-    def bound(cls, runtime: Runtime) -> type[Mover]:
-        """This step for one app's runtime (same step name, so Celery sees one step)."""
-        return type(cls.__name__, (cls,), {"__module__": cls.__module__, "runtime": runtime})
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         self.thread: MoverThread | None = None

@@ -20,14 +20,11 @@ import logging
 import types
 from typing import Any
 
+from celery_dlq.internals.celery_worker import pool_fds
+
 logger = logging.getLogger(__name__)
 
 _MARK = "_celery_dlq_keeps_half_done_io"
-
-
-def _pool_fds(pool: Any, attribute: str) -> set[int]:
-    inner = getattr(pool, "_pool", None)
-    return set(getattr(inner, attribute, None) or ())
 
 
 def _generators(table: dict, fds: set[int]) -> dict[int, tuple]:
@@ -45,13 +42,13 @@ def keep_half_done_io(hub: Any, pool: Any) -> bool:
     reset, register = hub.reset, pool.register_with_event_loop
 
     def reset_keeping_half_done_io() -> Any:
-        readers.update(_generators(hub.readers, _pool_fds(pool, "_fileno_to_outq")))
-        writers.update(_generators(hub.writers, _pool_fds(pool, "_fileno_to_inq")))
+        readers.update(_generators(hub.readers, pool_fds(pool, "out")))
+        writers.update(_generators(hub.writers, pool_fds(pool, "in")))
         return reset()
 
     def register_and_restore(loop: Any) -> Any:
         result = register(loop)
-        outq, inq = _pool_fds(pool, "_fileno_to_outq"), _pool_fds(pool, "_fileno_to_inq")
+        outq, inq = pool_fds(pool, "out"), pool_fds(pool, "in")
         kept = 0
         for fd, (generator, args) in readers.items():
             if fd in outq:

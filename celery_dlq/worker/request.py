@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from billiard.exceptions import WorkerLostError
+from celery import states
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.utils.serialization import UnpickleableExceptionWrapper
 from celery.worker.request import Request
@@ -22,6 +23,9 @@ from celery.worker.state import task_ready
 from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
 from celery_dlq.headers import Reason
+from celery_dlq.internals.base import usable
+from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
+                                                was_revoked_or_cancelled)
 from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
@@ -105,7 +109,7 @@ class RedeliveryRequest(Request):
             return self._dlq_finish_parked(exc, None)
         return super().on_timeout(soft, timeout)
 
-    def _announce_revoked(self, reason, terminated, signum, expired):
+    def _announce_revoked(self, *args, **kwargs):
         """Celery discards a message whose ``expires`` passed; one that failed before is dead-lettered first.
 
         A copy the mover moved back in time can still expire in the queue or
@@ -113,19 +117,20 @@ class RedeliveryRequest(Request):
         before execution). A first delivery is left to Celery: its ``expires``
         means "not after this", and nothing has failed yet. If the dead
         letter cannot be stored, the message is neither run nor acknowledged,
-        and the write is tried again.
+        and the write is tried again. Celery's private method: where it moved
+        (``celery_dlq.internals``), Celery's own discard runs unchanged.
         """
-        if expired and not self.acknowledged and self._dlq_context().delivery > 1:
+        if usable(EXPIRED_TAKEOVER) and revoked_expired(args, kwargs) and not self.acknowledged \
+                and self._dlq_context().delivery > 1:
             ctx = self._dlq_context()
             try:
                 runtime_of(self.app).dead_letter(
                     ctx.envelope, delivery=ctx.delivery - 1, policy=ctx.policy, reason=Reason.EXPIRED,
                     failure=H.last_failure(ctx.envelope.headers), worker=self.hostname)
             except Exception:
-                self._already_revoked = True  # never run it meanwhile
-                return self._dlq_write_failed(
-                    "dead-letter", lambda: self._announce_revoked(reason, terminated, signum, expired))
-        return super()._announce_revoked(reason, terminated, signum, expired)
+                mark_revoked(self)  # never run it meanwhile
+                return self._dlq_write_failed("dead-letter", lambda: self._announce_revoked(*args, **kwargs))
+        return super()._announce_revoked(*args, **kwargs)
 
     def acknowledge(self):
         """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
@@ -134,7 +139,7 @@ class RedeliveryRequest(Request):
         if was_acknowledged or not self.acknowledged:
             return
         try:
-            message = self._message
+            message = self.message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
             if was_redelivered(message) and self._dlq_context().policy.persist_delivery_count_before_delivery:
                 runtime_of(self.app).counters.forget(self.id, instance_of(message))
@@ -183,7 +188,7 @@ class RedeliveryRequest(Request):
         if self._dlq_takeover(H.describe_exception(error, ""), Reason.NON_RETRYABLE, lost=False, retry=retry) is None:
             return None
         try:
-            self.task.backend.mark_as_failure(self.id, error, request=self._context, call_errbacks=False)
+            self.task.backend.mark_as_failure(self.id, error, request=request_context(self), call_errbacks=False)
         except Exception:
             logger.exception("celery-dlq: could not record FAILURE of %s[%s]", self.name, self.id)
         return super().on_failure(exc_info, send_failed_event, return_ok)
@@ -252,7 +257,7 @@ class RedeliveryRequest(Request):
         """What Celery does for a retry: request done, RETRY state, message acknowledged."""
         task_ready(self)
         try:
-            self.task.backend.mark_as_retry(self.id, exc, traceback, request=self._context)
+            self.task.backend.mark_as_retry(self.id, exc, traceback, request=request_context(self))
         except Exception:
             logger.exception("celery-dlq: could not record RETRY state of %s[%s]", self.name, self.id)
         self.acknowledge()
@@ -287,16 +292,23 @@ class RedeliveryRequest(Request):
             logger.exception("celery-dlq: retrying the write of %s[%s] failed", self.name, self.id)
 
     def _dlq_succeeded(self) -> bool:
-        """Whether the backend already holds SUCCESS for this task (Celery >= 5.5 can tell)."""
-        check = getattr(self, "_success_was_stored", None)
+        """Whether the result backend already holds SUCCESS for this task (read through its public API).
+
+        Not knowable when results are ignored or go back over ``rpc://``
+        (False then, as in Celery 5.7's own check); a backend outage also reads
+        as not stored, the safe side for a lost worker (at least once).
+        """
+        backend = self.task.backend
+        as_uri = getattr(backend, "as_uri", None)
+        if self.ignore_result or (callable(as_uri) and as_uri() == "rpc://"):
+            return False
         try:
-            return bool(check()) if check is not None else False
-        except Exception:  # a backend outage: treat as not stored, the safe side for a lost worker
+            return backend.get_task_meta(self.id).get("status") == states.SUCCESS
+        except Exception:
             return False
 
     def _dlq_process_exit(self, exc) -> bool:
-        return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (
-            self._already_cancelled or self._already_revoked)
+        return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not was_revoked_or_cancelled(self)
 
     def _dlq_take_back_delivery(self) -> None:
         """The task put its own message back (``Reject(requeue=True)``): that delivery used up no attempt.
@@ -310,7 +322,7 @@ class RedeliveryRequest(Request):
         if not ctx.policy.persist_delivery_count_before_delivery:
             return
         try:
-            runtime_of(self.app).counters.uncount([(self.id, instance_of(self._message), ctx.delivery)])
+            runtime_of(self.app).counters.uncount([(self.id, instance_of(self.message), ctx.delivery)])
         except Exception:  # at worst the requeued delivery counts as a new one: never lost
             logger.warning("celery-dlq: %s[%s] requeued itself, but its delivery count could not be taken back",
                            self.task.name, self.id, exc_info=True)
@@ -319,5 +331,5 @@ class RedeliveryRequest(Request):
         """This message's queue, policy, delivery and envelope: resolved once per request."""
         ctx = self.__dict__.get("_dlq_ctx")
         if ctx is None:
-            ctx = self._dlq_ctx = runtime_of(self.app).context(self.task, self._message, self._request_dict)
+            ctx = self._dlq_ctx = runtime_of(self.app).context(self.task, self.message, self.request_dict)
         return ctx

@@ -29,6 +29,8 @@ from kombu.utils.uuid import uuid
 from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element, with_body
+from celery_dlq.internals.base import usable
+from celery_dlq.internals.kombu_redis import DIRECT_PARK, raw_element
 from celery_dlq.message import Envelope, queue_of, with_task_arguments
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
@@ -256,8 +258,8 @@ class Runtime:
         copy = envelope.with_headers(headers)
         shard = self.shard(envelope.task_id or UNKNOWN_TASK_ID)   # the shard of the entry id _park_once makes
         event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
-        raw = getattr(message, "_raw", None) if message is not None and self.direct else None
-        if isinstance(raw, dict):
+        raw = raw_element(message) if message is not None and self.direct and usable(DIRECT_PARK) else None
+        if raw is not None:
             if new_body:
                 raw = with_body(raw, envelope.body, envelope.content_type, envelope.content_encoding)
             element = redelivery_element(raw, headers, tag=uuid(), source_tag=envelope.delivery_tag)

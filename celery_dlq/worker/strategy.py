@@ -36,6 +36,7 @@ from kombu.utils.imports import symbol_by_name
 from celery_dlq import headers as H
 from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
+from celery_dlq.internals.celery_worker import request_context
 from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
@@ -152,7 +153,7 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> 
     try:
         request_cls = symbol_by_name(task.Request)  # Celery allows a class or its dotted name
         request = request_cls(message, app=task.app, hostname=hostname, task=task)
-        task.backend.mark_as_failure(request.id, exc, request=request._context,
+        task.backend.mark_as_failure(request.id, exc, request=request_context(request),
                                      store_result=request.store_errors)
         signals.task_failure.send(sender=task, task_id=request.id, exception=exc, args=request.args,
                                   kwargs=request.kwargs, traceback=None, einfo=None)
@@ -171,14 +172,14 @@ def uncount_unstarted(runtime: Runtime) -> int:
     """
     unstarted = [req for req in list(state.reserved_requests)
                  if req not in state.active_requests
-                 and getattr(req, "_message", None) is not None
+                 and getattr(req, "message", None) is not None
                  and is_managed(getattr(req, "task", None))]
     keys = []
     for req in unstarted:
         try:
-            ctx = runtime.context(req.task, req._message)
-            if ctx.policy.persist_delivery_count_before_delivery and not _waits_for_eta(req._message.headers or {}):
-                keys.append((req.id, instance_of(req._message), ctx.delivery))
+            ctx = runtime.context(req.task, req.message)
+            if ctx.policy.persist_delivery_count_before_delivery and not _waits_for_eta(req.message.headers or {}):
+                keys.append((req.id, instance_of(req.message), ctx.delivery))
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:

@@ -53,18 +53,17 @@ from kombu.utils.uuid import uuid
 from celery_dlq.element import envelope_error, raw_dead_letter
 from celery_dlq.message import decode_raw
 from celery_dlq.headers import Reason
+from celery_dlq.internals.kombu_redis import (consume_order, deliver, flush_reauth, forget_held, held_tags,
+                                              list_key, rotate, set_in_poll)
 from celery_dlq.redis import metrics
 from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
+from celery_dlq.worker.transport_setup import OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
 
-#: ``broker_transport_options`` keys ``install()`` sets for the worker.
-OPTION_RUNTIME, OPTION_PREFIX, OPTION_WAIT = "celery_dlq_runtime", "celery_dlq_key_prefix", "celery_dlq_fetch_wait"
-#: Callbacks of the consumer that mean "this message cannot be handled", not a broken connection.
-_MESSAGE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, UnicodeError)
 
 _live_channels: weakref.WeakSet = weakref.WeakSet()
 _consumer_id: tuple[int, str] | None = None
@@ -108,8 +107,9 @@ class QoS(kombu_redis.QoS):
         except Exception as exc:  # kombu's close path on a dead connection (_connparams of None)
             logger.warning("celery-dlq: could not give back %d unacknowledged message(s) at close (%s: %s); "
                            "they stay recorded and come back when this worker reconnects, or after the "
-                           "visibility timeout", len(self._delivered), type(exc).__name__, exc)
-            self._delivered.clear()
+                           "visibility timeout", len(held_tags(self)), type(exc).__name__, exc)
+            for tag in held_tags(self):
+                forget_held(self, tag)
             return []
 
 
@@ -143,13 +143,14 @@ class Channel(kombu_redis.Channel):
     # -- fetch ------------------------------------------------------------------
 
     def _brpop_start(self, timeout: Any = None) -> None:
-        queues = self._queue_cycle.consume(len(self.active_queues))
+        queues = consume_order(self)
         if not queues:
             return
         if not self._dlq_recovered:
             self._dlq_recover()
         keys, all_keys = self._dlq_fetch_keys(tuple(queues))
-        connection = self._in_poll = self.client.connection
+        connection = self.client.connection
+        set_in_poll(self, connection)
         self._brpop_sent_at = time.monotonic()
         prefix = self.global_keyprefix or ""
         if self._dlq_idle:
@@ -166,7 +167,7 @@ class Channel(kombu_redis.Channel):
         cached = self._dlq_key_cache.get(queues)
         if cached is None:
             prefix = self.global_keyprefix or ""
-            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+            keys = [list_key(self, queue, pri) for pri in self.priority_steps for queue in queues]
             all_keys = [prefix + key for key in keys] + \
                 [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
                 [prefix + self.unacked_key, prefix + self.unacked_index_key,
@@ -197,11 +198,9 @@ class Channel(kombu_redis.Channel):
             self._dlq_idle = False
             return self._dlq_take(reply, keys)
         finally:
-            self._in_poll = None
+            set_in_poll(self, None)
             self._dlq_sent = None
-            flush = getattr(self, "_flush_brpop_reauth", None)   # kombu >= 5.7 only
-            if flush is not None:
-                flush()
+            flush_reauth(self)
 
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
         index, element, status, tag = reply
@@ -221,14 +220,20 @@ class Channel(kombu_redis.Channel):
             self._dlq_reject(queue, element, tag, error)
             raise kombu_redis.Empty()
         self._dlq_recorded.add(tag)
-        self._queue_cycle.rotate(queue)
+        rotate(self, queue)
         try:
-            self.connection._deliver(message, queue)
-        except _MESSAGE_ERRORS as exc:   # the consumer could not take it: never a connection error
+            deliver(self, message, queue)
+        except Exception as exc:
+            if isinstance(exc, self.connection_errors) and not isinstance(exc, KeyError):
+                raise   # kombu counts KeyError as a connection error; handing a message over, it never is one
+            # The message passed validation, so this is a bug (ours or a library's), not a bad message:
+            # logged, never dead-lettered; it stays recorded as unacknowledged and comes back.
             self._dlq_recorded.discard(tag)
             if self._qos is not None:
-                self._qos._delivered.pop(tag, None)
-            self._dlq_reject(queue, element, tag, f"the consumer failed on it: {type(exc).__name__}: {exc}")
+                forget_held(self._qos, tag)
+            logger.exception("celery-dlq: error while handing message %s from %r to the worker; it stays "
+                             "unacknowledged and is delivered again after the visibility timeout or when this "
+                             "worker reconnects", tag, queue)
             raise kombu_redis.Empty() from None
         return True
 
@@ -327,7 +332,7 @@ class Channel(kombu_redis.Channel):
         for channel in list(_live_channels):
             qos = channel.__dict__.get("_qos")
             if qos is not None:
-                held.update(qos._delivered)
+                held.update(held_tags(qos))
         orphans = [bytes_to_str(tag) for tag in self._dlq_plain.smembers(self._dlq_keys.fetched(self._dlq_consumer))]
         orphans = [tag for tag in orphans if tag not in held]
         for tag in orphans:
@@ -356,40 +361,3 @@ class SocketTransport(Transport):
     for kombu's own ``redis+socket://``."""
 
     can_parse_url = True
-
-
-#: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
-TRANSPORT, SOCKET_TRANSPORT = f"{__name__}:Transport", f"{__name__}:SocketTransport"
-SENTINEL_TRANSPORT = "celery_dlq.worker.sentinel:SentinelTransport"
-_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
-
-
-def use_in_worker(app: Any, runtime: Any) -> bool:
-    """Make the worker's broker connections use this transport, when the broker is Redis; returns whether it does.
-
-    Called by the consumer bootstep, in the worker only, when the app's
-    configuration is final. Off with ``dlq_fetch_transport = False``; left
-    alone when the app chose a ``broker_transport`` of its own. A
-    ``redis+socket://`` URL is given to kombu as ``socket://``, which kombu's
-    Redis transport reads the same way (a scheme with ``+`` would select
-    kombu's own transport by name).
-    """
-    conf = app.conf
-    if not runtime.settings.fetch_transport or conf.broker_transport not in (None, "", "redis", "rediss",
-                                                                              "sentinel"):
-        return False
-    urls = {name: conf.get(name) for name in ("broker_url", "broker_read_url")}
-    if not isinstance(urls["broker_url"], str) or not urls["broker_url"].startswith(_REDIS_SCHEMES):
-        return False
-    socket_url = urls["broker_url"].startswith("redis+socket://")
-    for name, url in urls.items():
-        if isinstance(url, str) and url.startswith("redis+socket://"):
-            conf[name] = ";".join(part.strip().replace("redis+socket://", "socket://", 1)
-                                  for part in url.split(";"))
-    sentinel = urls["broker_url"].startswith("sentinel://")
-    conf.broker_transport = SENTINEL_TRANSPORT if sentinel else SOCKET_TRANSPORT if socket_url else TRANSPORT
-    conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
-                                     OPTION_PREFIX: runtime.settings.key_prefix,
-                                     OPTION_WAIT: runtime.settings.fetch_wait}
-    logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", conf.broker_transport)
-    return True

@@ -1,6 +1,7 @@
 """Real workers in subprocesses, against the test run's own redis-server."""
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -14,7 +15,13 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_dlq.message import Envelope
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.store import DelayedStore
+
 ROOT = Path(__file__).resolve().parents[2]
+#: The argument of the noop canaries of ``Harness.after_a_mover_pass``.
+CANARY = "canary"
 _db_counter = itertools.cycle(range(1, 16))
 
 
@@ -107,8 +114,43 @@ class Harness:
         return self.app.send_task(name, args=args, kwargs=kwargs or {}, queue=self.queue, **options)
 
     def deliveries(self, task_id: str | None = None) -> list[dict]:
+        """Deliveries logged by the test app's tasks (the canaries of :meth:`after_a_mover_pass` left out)."""
         rows = [json.loads(r) for r in self.redis.lrange(f"{self.prefix}:log", 0, -1)]
-        return [r for r in rows if task_id is None or r["id"] == task_id]
+        return [r for r in rows if (task_id is None and r["args"] != [CANARY]) or r["id"] == task_id]
+
+    def park_noops(self, n: int, due: float, arg=None, store_client=None) -> list[str]:
+        """Publish ``proj.noop`` messages to a staging list, then park them exactly as the engine stores them
+        (publish format), due at ``due``, in the broker's Redis or ``store_client``; their argument is their
+        number, or ``arg``."""
+        stage = f"{self.queue}.stage"
+        ids = [self.app.send_task("proj.noop", args=(i if arg is None else arg,), queue=stage).id for i in range(n)]
+        store = DelayedStore(store_client or self.redis, Keys(self.prefix))
+        raw = self.redis.lrange(stage, 0, -1)
+        self.redis.delete(stage)
+        assert len(raw) == n
+        for item in raw:
+            msg = json.loads(item)
+            envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
+                                content_encoding=msg["content-encoding"], headers=msg["headers"],
+                                properties={"correlation_id": msg["properties"]["correlation_id"]},
+                                exchange="", routing_key=self.queue, queue=self.queue)
+            assert store.park(f"{envelope.task_id}:2", envelope.dumps(), self.queue, due)
+        return ids
+
+    def after_a_mover_pass(self, store_client=None, timeout: float = 30) -> None:
+        """The positive signal a test waits for before asserting that something did NOT happen.
+
+        A noop parked due now and a noop queued now have both run: since this
+        call a mover made a pass over the store (moving everything due by now)
+        and a worker fetched past everything queued before. Their rows are left
+        out of :meth:`deliveries`; the store's counters get one ``parked`` and
+        one ``redelivered`` more, so read counters before calling this.
+        ``store_client``: the workers' store when it is not the broker's Redis.
+        """
+        parked = self.park_noops(1, due=time.time(), arg=CANARY, store_client=store_client)[0]
+        queued = self.send("proj.noop", args=(CANARY,)).id
+        self.wait_until(lambda: self.deliveries(parked) and self.deliveries(queued), timeout=timeout,
+                        message="a mover pass and a fetch (the canaries ran)")
 
     def dead_letters(self, dlq: str | None = None) -> list[dict]:
         """The raw kombu messages in a DLQ (oldest first), as redis-cli would show them."""

@@ -37,6 +37,24 @@ app.conf.update(
 )
 if os.environ.get("DLQ_TEST_CONF"):
     app.conf.update(json.loads(os.environ["DLQ_TEST_CONF"]))
+if os.environ.get("DLQ_TEST_HIDE_INTERNAL"):   # tests/integration/test_internals.py: an internal that moved
+    from tests.internals_hiding import hide
+    hide(os.environ["DLQ_TEST_HIDE_INTERNAL"])
+if os.environ.get("DLQ_TEST_STRATEGY_BUG"):   # tests/integration/test_fetch_errors.py: a bug in our strategy
+    import celery_dlq.worker.strategy as _strategy
+
+    _real_strategy = _strategy.strategy
+
+    def _buggy_strategy(task, *args, **kwargs):
+        handler = _real_strategy(task, *args, **kwargs)
+        if task.name != os.environ["DLQ_TEST_STRATEGY_BUG"]:
+            return handler
+
+        def raises(*a, **kw):
+            raise KeyError("an injected bug in the strategy")
+        return raises
+
+    _strategy.strategy = _buggy_strategy
 celery_dlq.install(app)
 if os.environ.get("DLQ_TEST_WEBHOOK"):   # tests/integration/test_webhook.py: the example receiver, as documented
     from examples.monitoring.webhook import WebhookNotifier

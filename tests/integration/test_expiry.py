@@ -64,10 +64,11 @@ def test_a_failure_whose_redelivery_would_come_after_expires_is_dead_lettered_at
     assert isinstance(result.result, ConnectionError)
     metrics = {k.decode(): int(v) for k, v in harness.redis.hgetall(f"{{{harness.prefix}}}:metrics").items()}
     assert [v for k, v in metrics.items() if k.startswith("dead_lettered_total") and 'reason="expired"' in k] == [1]
-    time.sleep(2.5)  # past the expiry: nothing was parked, so nothing comes back
+    counted = stats(harness.redis, harness.prefix)
+    harness.wait_until(lambda: time.time() > sent + 2.0, message="past the expiry")
+    harness.after_a_mover_pass()   # nothing was parked, so nothing comes back
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert_store_empty(harness.redis, harness.prefix)
-    counted = stats(harness.redis, harness.prefix)
     assert counted.get("dead_lettered") == 1 and counted.get("expired") == 1 and "parked" not in counted
     listed = dlq_cli(harness, "list", harness.queue, "--reason", "expired", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -106,11 +107,11 @@ def test_a_parked_message_that_expires_while_parked_is_dead_lettered_when_due_an
         harness.wait_until(lambda: result.state == "REVOKED", message="REVOKED recorded")  # as Celery would
 
         assert json.loads(base64.b64decode(letter["body"]))[0] == []  # the original message's body
-        time.sleep(0.5)
+        counted = stats(store, harness.prefix)
+        harness.after_a_mover_pass(store)
         assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]  # never ran again
         assert harness.redis.llen(harness.queue) == 0
         assert_store_empty(store, harness.prefix)
-        counted = stats(store, harness.prefix)
         assert counted.get("parked") == 1 and counted.get("expired") == 1 and counted.get("dead_lettered") == 1
         assert "redelivered" not in counted
     finally:
@@ -125,7 +126,7 @@ def test_expired_drop_counts_and_logs_the_message_and_keeps_nothing(harness):
     harness.wait_until(lambda: stats(harness.redis, harness.prefix).get("dropped") == 1, timeout=20,
                        message="the drop counted")
     assert stats(harness.redis, harness.prefix).get("expired") == 1
-    time.sleep(2.5)
+    harness.after_a_mover_pass()
     assert harness.dead_letters() == []
     assert harness.redis.llen(harness.queue) == 0
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
@@ -187,7 +188,7 @@ def _retry_with_new_arguments(harness, store: redis.Redis) -> None:
     # Parked in Redis like any other redelivery (Celery's own path would hold an ETA message in memory).
     counted = stats(store, harness.prefix)
     assert counted.get("parked") == 2 and counted.get("redelivered") == 2
-    time.sleep(0.5)
+    harness.after_a_mover_pass(store)
     assert len(harness.deliveries(result.id)) == 3
     assert harness.dead_letters() == []
     assert_store_empty(store, harness.prefix)
@@ -210,12 +211,14 @@ def test_retry_with_new_arguments_counts_deliveries_and_dead_letters_the_last_ar
 
 def test_a_lost_worker_whose_redelivery_would_come_after_expires_is_dead_lettered_at_once(harness):
     harness.worker()
+    sent = time.time()
     result = harness.send("proj.poison_slow_retry", expires=3)
     harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=20, message="an expired dead letter")
     headers = harness.dead_letters()[0]["headers"]
     assert headers["id"] == result.id and headers[H.REASON] == "expired"
     assert headers[H.EXCEPTION_TYPE] == "billiard.exceptions.WorkerLostError"
-    time.sleep(3.5)
+    harness.wait_until(lambda: time.time() > sent + 3.0, message="past the expiry")
+    harness.after_a_mover_pass()
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert_store_empty(harness.redis, harness.prefix)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
 from celery_dlq.redis.keys import Keys, QueueLists
+from tests.services import require_binary
 from tests.integration.conftest import ROOT
 from tests.processes import ServerProcess, wait_for
 from tests.redis_server import RedisServer
@@ -203,10 +203,7 @@ def test_a_scraper_asking_for_openmetrics_gets_the_classic_text_format(tmp_path,
 # -- the alert rules: promtool, and a real Prometheus ------------------------------------
 
 def needs(binary: str) -> str:
-    path = shutil.which(binary)
-    if path is None:
-        pytest.skip(f"{binary} is not on PATH (scripts/test.sh installs Debian's prometheus package)")
-    return path
+    return require_binary(binary, "scripts/test.sh installs Debian's prometheus package (apt-get install prometheus)")
 
 
 def test_promtool_checks_and_unit_tests_the_rules():

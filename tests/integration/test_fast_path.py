@@ -11,6 +11,7 @@ import pytest
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
 from tests.integration.conftest import Worker
+from tests.services import missing
 from tests.integration.test_mover import park_noop_messages
 
 pytestmark = pytest.mark.integration
@@ -32,14 +33,15 @@ def test_three_workers_3000_tasks_failing_twice_log_deliveries_1_2_3_exactly(har
         harness.worker(name=name, concurrency=2)
     ids = [harness.send("proj.flaky", args=(2,)).id for _ in range(3000)]
     harness.wait_until(lambda: len(harness.deliveries()) >= 9000, timeout=300, message="9000 deliveries")
-    time.sleep(1.0)  # let any duplicate show up
+    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    redelivered, queues = int(harness.redis.hget(store.keys.stats, "redelivered")), harness.redis.hlen(store.keys.queues)
+    harness.after_a_mover_pass()   # then any duplicate would have shown up
     seen = deliveries_by_id(harness)
     assert set(seen) == set(ids)
     assert {tuple(numbers) for numbers in seen.values()} == {(1, 2, 3)}, "no double publish, no skipped number"
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
     assert store.count() == 0 and harness.redis.hlen(store.keys.payloads) == 0
-    assert int(harness.redis.hget(store.keys.stats, "redelivered")) == 6000
-    assert harness.redis.hlen(store.keys.queues) == 0, "direct-format entries keep no queues field"
+    assert redelivered == 6000
+    assert queues == 0, "direct-format entries keep no queues field"
 
 
 def test_entries_parked_before_an_upgrade_are_moved_by_the_new_mover(harness):
@@ -48,7 +50,7 @@ def test_entries_parked_before_an_upgrade_are_moved_by_the_new_mover(harness):
     harness.worker()
     flaky = [harness.send("proj.flaky", args=(1,)).id for _ in range(50)]     # parked in the new format
     harness.wait_until(lambda: len(harness.deliveries()) >= 300, timeout=60, message="300 deliveries")
-    time.sleep(0.5)
+    harness.after_a_mover_pass()
     seen = deliveries_by_id(harness)
     assert {tuple(seen[i]) for i in old_ids} == {(1,)}     # the noop logs its (header) delivery once
     assert {tuple(seen[i]) for i in flaky} == {(1, 2)}
@@ -66,8 +68,8 @@ def old_package(tmp_path):
         subprocess.run(["git", "fetch", "--depth=1", "origin", OLD], cwd=Worker.root(), capture_output=True)
         archive = subprocess.run(["git", "archive", OLD, *paths], cwd=Worker.root(), capture_output=True)
     if archive.returncode != 0:
-        pytest.skip(f"commit {OLD} (the previous release) is not in this clone and cannot be fetched: "
-                    f"{archive.stderr.decode(errors='replace').strip()}")
+        missing(f"commit {OLD} (the previous release)", "clone with history, or let `git fetch origin` reach it: "
+                f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     return root
 
@@ -81,7 +83,7 @@ def test_a_rolling_deploy_with_old_and_new_workers_loses_and_duplicates_nothing(
     harness.worker(name="new")
     ids = [harness.send("proj.flaky", args=(2,)).id for _ in range(600)]
     harness.wait_until(lambda: len(harness.deliveries()) >= 1800, timeout=240, message="1800 deliveries")
-    time.sleep(1.5)
+    harness.after_a_mover_pass()
     seen = deliveries_by_id(harness)
     assert set(seen) == set(ids)
     assert {tuple(numbers) for numbers in seen.values()} == {(1, 2, 3)}

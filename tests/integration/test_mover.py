@@ -1,15 +1,12 @@
 """Movers sharing one store, a mover dying mid-move, and memory with many parked retries."""
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections import Counter
 
 import psutil
 import pytest
 
-from celery_dlq.message import Envelope
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
 
@@ -17,21 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def park_noop_messages(harness, n: int, due: float) -> list[str]:
-    """Publish real task messages to a staging list, then park them exactly as the engine stores them."""
-    stage = f"{harness.queue}.stage"
-    ids = [harness.app.send_task("proj.noop", args=(i,), queue=stage).id for i in range(n)]
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
-    raw = harness.redis.lrange(stage, 0, -1)
-    harness.redis.delete(stage)
-    assert len(raw) == n
-    for item in raw:
-        msg = json.loads(item)
-        envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
-                            content_encoding=msg["content-encoding"], headers=msg["headers"],
-                            properties={"correlation_id": msg["properties"]["correlation_id"]},
-                            exchange="", routing_key=harness.queue, queue=harness.queue)
-        assert store.park(f"{envelope.task_id}:2", envelope.dumps(), harness.queue, due)
-    return ids
+    return harness.park_noops(n, due)
 
 
 def test_two_workers_move_1000_parked_messages_exactly_once(harness):
@@ -39,13 +22,14 @@ def test_two_workers_move_1000_parked_messages_exactly_once(harness):
     harness.worker(name="a", DLQ_TEST_PREFETCH="16")
     harness.worker(name="b", DLQ_TEST_PREFETCH="16")
     harness.wait_until(lambda: len(harness.deliveries()) >= 1000, timeout=120, message="1000 deliveries")
-    time.sleep(1.0)  # let any duplicate show up
+    redelivered = int(harness.redis.hget(f"{{{harness.prefix}}}:stats", "redelivered"))
+    harness.after_a_mover_pass()  # then any duplicate would have shown up
     counts = Counter(r["id"] for r in harness.deliveries())
     assert set(counts) == set(ids)
     assert set(counts.values()) == {1}
     store = DelayedStore(harness.redis, Keys(harness.prefix))
     assert store.count() == 0
-    assert int(harness.redis.hget(f"{{{harness.prefix}}}:stats", "redelivered")) == 1000
+    assert redelivered == 1000
     movers = [w.log().count("celery-dlq mover: moving") for w in harness.workers]
     assert movers == [1, 1]
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+import redis
 
 from celery_dlq import headers as H
 from tests.redis_server import RedisServer
@@ -35,7 +35,7 @@ def test_store_outage_leaves_the_message_unacked_until_redis_is_back(harness):
         assert headers[H.REASON] == "max_delivery_attempts"
         harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, timeout=20)
         assert harness.redis.llen(harness.queue) == 0
-        time.sleep(1)
+        harness.after_a_mover_pass(redis.Redis.from_url(store.url))
         assert len(harness.dead_letters()) == 1
     finally:
         store.stop()
@@ -51,7 +51,7 @@ def test_a_failed_write_is_retried_soon_after_redis_is_back_not_after_the_visibi
         result = harness.send("proj.flaky", args=(1,))  # fails once, then succeeds
         harness.wait_until(lambda: harness.deliveries(result.id), message="first delivery")
         worker.wait_for_log("trying again in 1s", timeout=20)
-        time.sleep(2.5)  # a couple of failed retries while Redis is down
+        worker.wait_for_log("trying again in 2s", timeout=20)   # a failed retry while Redis is down
         assert harness.redis.hlen("unacked") == 1, "still unacknowledged while the store is down"
         store = RedisServer(port=store.port).start()  # back, empty
         harness.wait_until(lambda: len(harness.deliveries(result.id)) == 2, timeout=30,

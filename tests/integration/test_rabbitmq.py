@@ -8,7 +8,6 @@ of its own, deleted afterwards.
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -17,24 +16,16 @@ from amqp.exceptions import NotFound
 from kombu import Connection, Queue
 
 from celery_dlq import headers as H
+from tests.services import require_rabbitmq
 
 pytestmark = pytest.mark.integration
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
 
-def rabbitmq_up() -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def rabbit(harness):
-    if not rabbitmq_up():
-        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+    require_rabbitmq()
     harness.extra_env.update(DLQ_TEST_BROKER=AMQP, DLQ_TEST_REDIS=harness.broker,
                              DLQ_TEST_CONF=json.dumps({"dlq_redis_url": harness.broker}))
     client = Celery("rabbit-client", broker=AMQP, set_as_current=False)

@@ -1,4 +1,4 @@
-"""Compact pickled tracebacks (celery_dlq.worker.einfo): the same traceback text, without whole position tables."""
+"""Compact pickled tracebacks (celery_dlq.internals.billiard_einfo): the same traceback text, without whole position tables."""
 from __future__ import annotations
 
 import pickle
@@ -8,7 +8,7 @@ import traceback
 import pytest
 from billiard import einfo
 
-from celery_dlq.worker.einfo import Positions, compact_tracebacks, position_at
+from celery_dlq.internals.billiard_einfo import Positions, compact_tracebacks, position_at
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="billiard copies code positions on 3.11+ only")
 

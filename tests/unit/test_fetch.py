@@ -19,7 +19,7 @@ from celery_dlq import headers as H
 from celery_dlq.element import envelope_error, raw_dead_letter
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts
-from celery_dlq.worker import transport as T
+from celery_dlq.worker import transport as T, transport_setup as TS
 from celery_dlq.worker.runtime import runtime_of
 
 
@@ -217,12 +217,12 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     app = make_app("redis://localhost:6379/3", broker_transport_options={"global_keyprefix": "g:"},
                    dlq_key_prefix="kp", dlq_fetch_wait=0.25)
     runtime = runtime_of(app)
-    assert T.use_in_worker(app, runtime)
-    assert app.conf.broker_transport == T.TRANSPORT
+    assert TS.use_in_worker(app, runtime)
+    assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {
-        "global_keyprefix": "g:", T.OPTION_RUNTIME: runtime.ident, T.OPTION_PREFIX: "kp", T.OPTION_WAIT: 0.25}
+        "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25}
     with app.connection_for_read() as connection:
-        assert connection.transport_cls == T.TRANSPORT
+        assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport
 
 
@@ -236,8 +236,8 @@ def test_a_unix_socket_broker_fetches_through_the_transport(tmp_path):
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         app = make_app(f"redis+socket://{sock}?virtual_host=2")
-        assert T.use_in_worker(app, runtime_of(app))
-        assert app.conf.broker_transport == T.SOCKET_TRANSPORT
+        assert TS.use_in_worker(app, runtime_of(app))
+        assert app.conf.broker_transport == TS.SOCKET_TRANSPORT
         with app.connection_for_read() as connection:
             assert type(connection.transport) is T.SocketTransport
             queue = connection.SimpleQueue(f"sock{os.getpid()}")
@@ -262,5 +262,5 @@ def test_a_unix_socket_broker_fetches_through_the_transport(tmp_path):
 def test_the_transport_is_left_alone_when_not_wanted_or_not_redis(conf):
     app = make_app(conf.pop("broker_url"), **conf)
     before = app.conf.broker_transport
-    assert not T.use_in_worker(app, runtime_of(app))
+    assert not TS.use_in_worker(app, runtime_of(app))
     assert app.conf.broker_transport == before

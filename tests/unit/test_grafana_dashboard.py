@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from celery_dlq.metrics import GAUGES, PREFIX
 from celery_dlq.redis.metrics import Metric
+from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "examples" / "monitoring"
@@ -105,10 +104,7 @@ def test_panels_are_well_formed():
 
 
 def needs_promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not on PATH (scripts/test.sh installs Debian's prometheus package)")
-    return path
+    return require_binary("promtool", "scripts/test.sh installs Debian's prometheus package (apt-get install prometheus)")
 
 
 def test_every_query_parses_as_promql(tmp_path):

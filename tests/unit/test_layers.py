@@ -90,7 +90,34 @@ def test_install_hands_its_runtime_to_the_bootsteps():
     app = Celery("installed", broker="redis://localhost:1/0", set_as_current=False)
     runtime = celery_dlq.install(app)
     steps = {step.name: step for step in app.steps["consumer"]}
-    assert set(steps) == {"celery_dlq.worker.consumer.DeadLetterDiscards", "celery_dlq.worker.mover.Mover"}
+    assert set(steps) == {f"celery_dlq.worker.steps.{name}" for name in (
+        "Settings", "FetchTransport", "KeepPoolIO", "CompactTracebacks", "DeadLetterDiscards",
+        "UncountUnstarted")} | {"celery_dlq.worker.mover.Mover"}
     assert all(step.runtime is runtime for step in steps.values())
-    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 2   # idempotent
+    assert all(steps["celery_dlq.worker.steps.Settings"] in step.requires
+               for name, step in steps.items() if not name.endswith(".Settings")), "Settings goes first"
+    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 7   # idempotent
     assert is_managed(celery_dlq.RedeliveryTask) and not is_managed(app.tasks["celery.backend_cleanup"])
+
+
+def listed_modules(text: str) -> set[str]:
+    """Module paths named in docs/architecture.md's package listing (``celery_dlq/`` block)."""
+    block = text.split("```\ncelery_dlq/\n", 1)[1].split("```", 1)[0]
+    found, package = set(), ""
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        names = [name.strip() for name in line.strip().split("  ", 1)[0].split(",")] if line.strip() else []
+        if indent == 2:
+            package = names[0] if names and names[0].endswith("/") else ""
+            found.update(n for n in names if n.endswith(".py"))
+        elif indent == 4 and package:
+            found.update(package + n for n in names if n.endswith(".py"))
+    return found
+
+
+def test_the_architecture_doc_lists_every_module():
+    root = Path(celery_dlq.__file__).parent
+    modules = {str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "__init__.py" or p.parent == root}
+    text = (root.parent / "docs" / "architecture.md").read_text()
+    assert sorted(modules - listed_modules(text)) == [], "add them to docs/architecture.md's listing"

@@ -5,6 +5,7 @@ import pytest
 from celery import Celery
 
 import celery_dlq
+from celery_dlq.worker.steps import STEPS
 from celery_dlq import ConfigurationError, RedeliveryPolicy, RedeliveryTask, resolve_policy
 from celery_dlq.settings import DLQSettings
 
@@ -95,7 +96,7 @@ def test_install_is_idempotent():
     app = make_app()
     assert celery_dlq.install(app) is celery_dlq.install(app)
     steps = [s for s in app.steps["consumer"] if s.__module__.startswith("celery_dlq")]
-    assert len(steps) == 2
+    assert len(steps) == len(STEPS)
 
 
 def test_precedence_and_fieldwise_merge_across_levels():

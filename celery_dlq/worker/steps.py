@@ -1,0 +1,134 @@
+"""celery-dlq's consumer bootsteps, one job each.
+
+``install()`` adds them to the app's consumer blueprint, bound to the app's
+runtime (:func:`bound_steps`). Every step but :class:`Settings` requires it,
+so a bad setting stops the worker before anything else is done. A step that
+rests on another library's internals is included only when they hold
+(:mod:`celery_dlq.internals`): otherwise the worker logs one WARNING naming
+the internal and runs without the step, on the fallback. The mover is
+:class:`celery_dlq.worker.mover.Mover`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+from celery_dlq.errors import ConfigurationError
+from celery_dlq.headers import Reason
+from celery_dlq.internals import base as internals
+from celery_dlq.internals.billiard_einfo import COMPACT_TRACEBACKS, compact_tracebacks
+from celery_dlq.internals.celery_worker import DISCARDS, POOL_IO, UNCOUNT
+from celery_dlq.internals.features import FEATURES
+from celery_dlq.internals.kombu_redis import FETCH
+from celery_dlq.worker.discards import dead_letter_first, uncount_first
+from celery_dlq.worker.mover import Mover
+from celery_dlq.worker.poolfix import keep_half_done_io
+from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.transport_setup import use_in_worker
+
+logger = logging.getLogger(__name__)
+
+
+class Settings(bootsteps.Step):
+    """Validates the ``dlq_*`` settings (a bad one stops the worker, naming it) and checks every internal."""
+
+    runtime: Runtime
+
+    def create(self, c: Any) -> None:
+        try:
+            self.runtime.validate()
+            self.runtime.settings.redis_url   # a worker needs the store, even where install() did not
+        except ConfigurationError as exc:
+            # One line naming the setting, exit status 1: not a traceback through Celery's bootsteps.
+            raise SystemExit(f"celery-dlq: the worker cannot start: {exc}") from None
+        for warning in self.runtime.capped_delay_warnings():
+            logger.warning("celery-dlq: %s", warning)
+        for feature in FEATURES:   # one WARNING per moved internal, before the first fetch
+            internals.usable(feature)
+
+
+class FetchTransport(bootsteps.Step):
+    """The worker's broker connections use celery-dlq's fetch (before the Connection step connects)."""
+
+    requires = (Settings,)
+    runtime: Runtime
+
+    def include_if(self, c: Any) -> bool:
+        return internals.usable(FETCH)
+
+    def create(self, c: Any) -> None:
+        use_in_worker(c.app, self.runtime)
+
+
+class KeepPoolIO(bootsteps.Step):
+    """Half-done prefork pipe reads and writes carry on across a broker reconnect (worker/poolfix.py)."""
+
+    requires = (Settings,)
+
+    def include_if(self, c: Any) -> bool:
+        return internals.usable(POOL_IO)
+
+    def create(self, c: Any) -> None:
+        controller = getattr(c, "controller", None)
+        keep_half_done_io(getattr(controller, "hub", None), getattr(controller, "pool", None))
+
+
+class CompactTracebacks(bootsteps.Step):
+    """Failed tasks pickle one code position per frame (before the pool forks)."""
+
+    requires = (Settings,)
+
+    def include_if(self, c: Any) -> bool:
+        return internals.usable(COMPACT_TRACEBACKS)
+
+    def create(self, c: Any) -> None:
+        compact_tracebacks()
+
+
+class DeadLetterDiscards(bootsteps.Step):
+    """Unknown-task, invalid and undecodable messages are dead-lettered before Celery discards them."""
+
+    requires = (Settings,)
+    runtime: Runtime
+
+    def include_if(self, c: Any) -> bool:
+        return internals.usable(DISCARDS)
+
+    def create(self, c: Any) -> None:
+        rt = self.runtime
+        c.on_unknown_task = dead_letter_first(rt, c, c.on_unknown_task, Reason.UNKNOWN_TASK, body_first=True)
+        c.on_invalid_task = dead_letter_first(rt, c, c.on_invalid_task, Reason.INVALID_MESSAGE, body_first=True)
+        c.on_unknown_message = dead_letter_first(rt, c, c.on_unknown_message, Reason.INVALID_MESSAGE,
+                                                 body_first=True)
+        c.on_decode_error = dead_letter_first(rt, c, c.on_decode_error, Reason.INVALID_MESSAGE, body_first=False)
+
+
+class UncountUnstarted(bootsteps.Step):
+    """When the consumer closes, reserved messages that never started give their delivery counts back."""
+
+    requires = (Settings,)
+    runtime: Runtime
+
+    def include_if(self, c: Any) -> bool:
+        return internals.usable(UNCOUNT)
+
+    def create(self, c: Any) -> None:
+        c.blueprint.on_close = uncount_first(self.runtime, c.blueprint.on_close)
+
+
+STEPS: tuple[type, ...] = (Settings, FetchTransport, KeepPoolIO, CompactTracebacks, DeadLetterDiscards,
+                           UncountUnstarted, Mover)
+
+
+def bound_steps(runtime: Runtime) -> list[type]:
+    """:data:`STEPS` for one app's runtime: subclasses of the same name, requiring each other's bound class."""
+    made: dict[type, type] = {}
+    for step in STEPS:
+        requires = tuple(made.get(dep, dep) for dep in step.requires)
+        if step is not Settings and Settings not in step.requires:
+            requires += (made[Settings],)
+        made[step] = type(step.__name__, (step,), {"__module__": step.__module__, "runtime": runtime,
+                                                  "requires": requires})
+    return list(made.values())

@@ -1,0 +1,49 @@
+"""What a test does when a service or tool it needs is missing: skip on a laptop, fail in CI.
+
+CI sets ``CI=true``; there a missing RabbitMQ, Prometheus or Spark is a
+failure whose message says how to get it, so the run can never go green
+without the tests that need them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+
+import pytest
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing(what: str, how: str) -> None:
+    """``what`` is not available: fail in CI, skip elsewhere; ``how`` says how to get it."""
+    message = f"{what} is not available; {how}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: a missing service fails the run)", pytrace=False)
+    pytest.skip(message)
+
+
+def listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+RABBITMQ_HOW = ("start RabbitMQ on 127.0.0.1:5672 (guest/guest): `rabbitmq-server -detached` "
+                "(Debian: apt-get install rabbitmq-server)")
+
+
+def require_rabbitmq() -> None:
+    if not listening("127.0.0.1", 5672):
+        missing("RabbitMQ on 127.0.0.1:5672", RABBITMQ_HOW)
+
+
+def require_binary(binary: str, how: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        missing(f"{binary} (not on PATH)", how)
+    return path
