@@ -1,0 +1,60 @@
+"""A rolling deploy: a worker of the previous release and one of this release share a queue and the parked store.
+
+Every task fails twice: its deliveries 1, 2 and 3 each run exactly once,
+whichever worker parks or moves it, and nothing is lost. The old worker is
+celery-dlq at the last commit before the direct parking format (the release
+users upgrade from), unpacked from the checkout's git history; it runs on the
+session's Celery, kombu and redis-py like the new one.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.store import DelayedStore
+from tests.integration.conftest import ROOT, Worker
+from tests.services import missing
+
+pytestmark = [pytest.mark.contract, pytest.mark.integration]
+
+#: The last commit before the direct format (tests/integration/test_fast_path.py's previous release).
+OLD = "0286e091ca39645166604ef784b4d96d91e649b4"
+TASKS = 200
+
+
+@pytest.fixture
+def old_release(tmp_path) -> Path:
+    """The previous release's package and test app, from the git history of the checkout (under nox: the
+    checkout the wheel was built from, CELERY_DLQ_CONTRACT_CHECKOUT)."""
+    checkout = os.environ.get("CELERY_DLQ_CONTRACT_CHECKOUT") or str(ROOT)
+    paths = ["celery_dlq", "tests/__init__.py", "tests/integration/__init__.py", "tests/integration/proj.py"]
+    archive = subprocess.run(["git", "archive", OLD, *paths], cwd=checkout, capture_output=True)
+    if archive.returncode != 0:
+        missing(f"commit {OLD} (the previous release) in {checkout}",
+                f"clone with history: {archive.stderr.decode(errors='replace').strip()}")
+    root = tmp_path / "old"
+    root.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
+def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_release):
+    old = Worker(harness.env(PYTHONPATH=str(old_release)), 2, "old", harness.tmp_path / "old.log", cwd=old_release)
+    harness.workers.append(old.start())
+    harness.worker(name="new")
+    ids = [harness.send("proj.flaky", args=(2, "deploy")).id for _ in range(TASKS)]
+    harness.wait_until(lambda: len(harness.deliveries()) >= 3 * TASKS, timeout=120,
+                       message=f"{3 * TASKS} deliveries")
+    harness.after_a_mover_pass()           # a duplicate would have run by now
+    seen: dict[str, list[int]] = defaultdict(list)
+    for row in harness.deliveries():
+        seen[row["id"]].append(row["delivery"])
+    runs = Counter(tuple(sorted(seen[i])) for i in ids)
+    assert runs == {(1, 2, 3): TASKS}, f"deliveries per task (a repeated number ran twice): {runs}"
+    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+    assert harness.dead_letters() == []
