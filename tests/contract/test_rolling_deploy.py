@@ -1,10 +1,14 @@
 """A rolling deploy: a worker of the previous release and one of this release share a queue and the parked store.
 
-Every task fails twice: its deliveries 1, 2 and 3 each run exactly once,
-whichever worker parks or moves it, and nothing is lost. The old worker is
-celery-dlq at the last commit before the direct parking format (the release
-users upgrade from), unpacked from the checkout's git history; it runs on the
-session's Celery, kombu and redis-py like the new one.
+Every task fails twice: nothing is lost or skipped, whichever worker parks or
+moves it, and where kombu has publish batches (``Producer.batch``, kombu 5.7)
+deliveries 1, 2 and 3 each run exactly once. Without them (kombu 5.4 to 5.6)
+the old release's mover, failing on a direct-format entry it claimed, gives
+back a batch it had partly published, so some deliveries run twice: at least
+once, as tests/integration/test_fast_path.py and docs/versions.md say. The old
+worker is celery-dlq at the last commit before the direct parking format (the
+release users upgrade from), unpacked from the checkout's git history; it
+runs on the session's Celery, kombu and redis-py like the new one.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from kombu import Producer
 
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
@@ -55,6 +60,11 @@ def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_releas
     for row in harness.deliveries():
         seen[row["id"]].append(row["delivery"])
     runs = Counter(tuple(sorted(seen[i])) for i in ids)
-    assert runs == {(1, 2, 3): TASKS}, f"deliveries per task (a repeated number ran twice): {runs}"
+    if hasattr(Producer, "batch"):
+        assert runs == {(1, 2, 3): TASKS}, f"deliveries per task (a repeated number ran twice): {runs}"
+    else:
+        assert {tuple(sorted(set(seen[i]))) for i in ids} == {(1, 2, 3)}, f"lost or skipped: {runs}"
+        print(f"\nrolling deploy without Producer.batch: {sum(len(seen[i]) - 3 for i in ids)} duplicated "
+              f"deliveries of {3 * TASKS}")
     assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
     assert harness.dead_letters() == []
