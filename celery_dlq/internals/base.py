@@ -85,7 +85,13 @@ def _signature_problem(path: str, method: Any, params: tuple[str, ...]) -> str |
 
 
 def _assigned_in(owner: type, method: str, name: str) -> bool:
+    """Whether ``method`` of ``owner`` or of a class it inherits from assigns ``self.<name>``.
+
+    Where no source can be read at all (an install without ``.py`` files) the
+    assumption cannot be checked and is taken to hold.
+    """
     pattern = re.compile(rf"\bself\.{re.escape(name)}\s*(?::[^=]*)?=(?!=)")
+    read_any = False
     for cls in getattr(owner, "__mro__", (owner,)):
         init = cls.__dict__.get(method)
         if init is None:
@@ -94,9 +100,10 @@ def _assigned_in(owner: type, method: str, name: str) -> bool:
             source = inspect.getsource(init)
         except (OSError, TypeError):
             continue
+        read_any = True
         if pattern.search(source):
             return True
-    return False
+    return not read_any
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -11,6 +12,19 @@ pytestmark = pytest.mark.integration
 
 FAST_RESTORE = json.dumps({"broker_transport_options": {
     "visibility_timeout": 1, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}})
+VISIBILITY_TIMEOUT = 1.0
+
+
+def wait_until_restorable(harness) -> None:
+    """Until every unacknowledged message is older than the visibility timeout.
+
+    A worker restores those when it starts polling, on every kombu; kombu >= 5.7
+    also sweeps every ``unacked_restore_interval``, older kombu only every ~100 s.
+    So the next worker is started once the dead one's message can be restored.
+    """
+    harness.wait_until(lambda: all(score < time.time() - VISIBILITY_TIMEOUT - 0.2 for _, score in
+                                   harness.redis.zrange("unacked_index", 0, -1, withscores=True)),
+                       timeout=10, message="the dead worker's message past its visibility timeout")
 
 
 def test_task_killing_the_whole_worker_is_dead_lettered_after_max_attempts(harness):
@@ -21,6 +35,7 @@ def test_task_killing_the_whole_worker_is_dead_lettered_after_max_attempts(harne
         harness.wait_until(lambda: len(harness.deliveries(poison.id)) == attempt, timeout=30)
         worker.proc.wait(timeout=20)  # SIGKILLed by its own task
         assert worker.proc.returncode == -9
+        wait_until_restorable(harness)
     survivor = harness.worker(concurrency=1, name="run3")
     harness.wait_until(lambda: len(harness.dead_letters()) == 1, timeout=30, message="dead letter")
     headers = harness.dead_letters()[0]["headers"]

@@ -142,3 +142,12 @@ def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libr
 def test_docs_internals_names_every_internal():
     text = (Path(__file__).resolve().parents[2] / "docs" / "internals.md").read_text()
     assert [i.path for _, i in ALL if f"`{i.path}`" not in text] == []
+
+
+NO_SOURCE: dict = {}
+exec("class Compiled:\n    def __init__(self):\n        self.held = {}\n", NO_SOURCE)
+Compiled = NO_SOURCE["Compiled"]
+
+
+def test_an_instance_attribute_without_readable_source_is_taken_to_hold():
+    assert Internal(f"{__name__}:Compiled", "held", INSTANCE_ATTRIBUTE, "").problem() is None

@@ -409,7 +409,10 @@ def test_mounted_inside_another_app_links_and_cookies_carry_the_prefix(app, op, 
 
 
 def test_templates_and_stylesheet_are_package_data():
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:   # Python 3.10
+        import tomli as tomllib
     from importlib.resources import files
     from pathlib import Path
 
