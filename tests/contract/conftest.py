@@ -11,20 +11,49 @@ import uuid
 
 import pytest
 
-from tests.integration.conftest import Harness, Worker, harness  # noqa: F401  (harness: a fixture)
+from tests.integration.conftest import Harness, Worker
 from tests.redis_server import RedisServer
 
+#: Seconds a worker may take to log "ready.": on a 2-core machine shared with other test runs (load average 16)
+#: one took longer than the integration tests' 30 s just to import Celery. Not a measurement: a hang detector.
+READY_TIMEOUT = 180
 
-class ContractWorker(Worker):
+
+class PatientWorker(Worker):
+    """tests/integration/proj.py's worker, given READY_TIMEOUT to start."""
+
+    def start(self, wait_ready: bool = True) -> "PatientWorker":
+        super().start(wait_ready=False)
+        if wait_ready:
+            self.wait_for_log("ready.", timeout=READY_TIMEOUT)
+        return self
+
+
+class ContractWorker(PatientWorker):
+    """The contract suite's app (tests/contract/proj.py: the integration tasks and a few of its own)."""
+
     app = "tests.contract.proj"
+
+
+def contract_harness(server, tmp_path, unique: str) -> Harness:
+    h = Harness(server, tmp_path, unique)
+    h.worker_cls = ContractWorker
+    return h
+
+
+@pytest.fixture
+def harness(redis_server, tmp_path, unique):
+    """tests/integration's harness, its workers given READY_TIMEOUT to start."""
+    h = contract_harness(redis_server, tmp_path, unique)
+    yield h
+    h.close()
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A redis-server and two prefork workers (two processes each) on one queue, for a whole module."""
     server = RedisServer().start()
-    h = Harness(server, tmp_path_factory.mktemp("contract"), uuid.uuid4().hex[:8])
-    h.worker_cls = ContractWorker
+    h = contract_harness(server, tmp_path_factory.mktemp("contract"), uuid.uuid4().hex[:8])
     try:
         h.worker(name="a")
         h.worker(name="b")

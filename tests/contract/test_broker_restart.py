@@ -10,7 +10,7 @@ import pytest
 
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
-from tests.integration.conftest import Harness
+from tests.contract.conftest import contract_harness
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.contract, pytest.mark.integration]
@@ -20,7 +20,7 @@ TASKS = 200
 
 def test_a_broker_restart_loses_nothing(tmp_path):
     server = RedisServer(None, "--appendonly", "yes", "--appendfsync", "always").start()
-    harness = Harness(server, tmp_path, uuid.uuid4().hex[:8])
+    harness = contract_harness(server, tmp_path, uuid.uuid4().hex[:8])
     try:
         worker = harness.worker(concurrency=2)
         pid = worker.proc.pid

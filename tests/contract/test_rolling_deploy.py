@@ -22,7 +22,8 @@ from kombu import Producer
 
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.store import DelayedStore
-from tests.integration.conftest import ROOT, Worker
+from tests.contract.conftest import PatientWorker
+from tests.integration.conftest import ROOT
 from tests.services import missing
 
 pytestmark = [pytest.mark.contract, pytest.mark.integration]
@@ -49,7 +50,7 @@ def old_release(tmp_path) -> Path:
 
 
 def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_release):
-    old = Worker(harness.env(PYTHONPATH=str(old_release)), 2, "old", harness.tmp_path / "old.log", cwd=old_release)
+    old = PatientWorker(harness.env(PYTHONPATH=str(old_release)), 2, "old", harness.tmp_path / "old.log", cwd=old_release)
     harness.workers.append(old.start())
     harness.worker(name="new")
     ids = [harness.send("proj.flaky", args=(2, "deploy")).id for _ in range(TASKS)]
