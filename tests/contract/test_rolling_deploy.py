@@ -57,6 +57,10 @@ def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_releas
     harness.wait_until(lambda: {row["id"] for row in harness.deliveries() if row["delivery"] == 3} >= set(ids),
                        timeout=120, message=f"delivery 3 of all {TASKS} tasks")
     harness.after_a_mover_pass()           # a duplicate would have run by now
+    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    if not hasattr(Producer, "batch"):     # a duplicated delivery 2 that failed parked a copy of its own: let it run
+        harness.wait_until(lambda: store.count() == 0, timeout=60, message="the duplicates' parked copies ran")
+        harness.after_a_mover_pass()
     seen: dict[str, list[int]] = defaultdict(list)
     for row in harness.deliveries():
         seen[row["id"]].append(row["delivery"])
@@ -67,5 +71,5 @@ def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_releas
         assert {tuple(sorted(set(seen[i]))) for i in ids} == {(1, 2, 3)}, f"lost or skipped: {runs}"
         print(f"\nrolling deploy without Producer.batch: {sum(len(seen[i]) - 3 for i in ids)} duplicated "
               f"deliveries of {3 * TASKS}")
-    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+    assert store.count() == 0
     assert harness.dead_letters() == []
