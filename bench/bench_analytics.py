@@ -7,11 +7,17 @@
    into the events stream of a throwaway redis-server on a free port.
 2. Times ``export_events`` (stream -> partitioned Parquet): events/s.
 3. Times the Spark report (``run_report``) on ``local[2]``: JVM start, a cold
-   run and a warm one, each writing everything (JSON, HTML, tables, plan).
+   run and a warm one in the same session, each writing everything (JSON,
+   HTML, tables, plan); wall time and CPU time (the JVM's and Python's:
+   less disturbed than wall time by other load on the machine).
 4. Times the same aggregations in pandas (read the same Parquet, compute,
-   write the plan) and checks both agree on the headline numbers.
+   write the plan) and checks both agree on the headline numbers; left out
+   when the machine has not the memory free (2 GB per million events).
 
-Run: ``.venv/bin/python bench/bench_analytics.py [--records N] [--json OUT]``
+Steps 2-4 run ``--runs`` times (3), each with a fresh archive exported from
+the same stream and a fresh JVM; the medians are printed with every run.
+
+Run: ``.venv/bin/python bench/bench_analytics.py [--records N] [--runs N] [--no-pandas] [--json OUT]``
 (needs the spark extra and pandas: ``pip install -e '.[spark]' 'pandas<3'``).
 """
 from __future__ import annotations
@@ -23,6 +29,8 @@ import os
 import platform
 import random
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +45,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
+import psutil  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import redis  # noqa: E402
 
@@ -184,54 +193,125 @@ def du(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=1_000_000)
-    p.add_argument("--json", help="write the results here too")
-    p.add_argument("--keep", action="store_true", help="keep the archive and report directory")
-    args = p.parse_args()
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its children so far: the JVM is a child."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return total
 
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+def spark_run(archive: str, out: str) -> dict:
+    """In a fresh process (``--spark-run``): start Spark, report cold then warm in the same session, stop."""
     from celery_dlq.analytics.options import ReportOptions
     from celery_dlq.analytics.report import run_report
     from celery_dlq.analytics.session import build_session
 
+    run: dict = {}
+    t, cpu = time.perf_counter(), cpu_seconds()
+    spark = build_session("local[2]")
+    run["spark_session_start_s"] = round(time.perf_counter() - t, 1)
+    run["spark_session_start_cpu_s"] = round(cpu_seconds() - cpu, 1)
+    options = ReportOptions(archive, out, as_of=AS_OF)
+    for kind in ("cold", "warm"):
+        run[f"load_average_before_{kind}"] = round(os.getloadavg()[0], 2)
+        t, cpu = time.perf_counter(), cpu_seconds()
+        report = run_report(spark, options)
+        run[f"spark_report_{kind}_s"] = round(time.perf_counter() - t, 1)
+        run[f"spark_report_{kind}_cpu_s"] = round(cpu_seconds() - cpu, 1)
+    spark.stop()
+    run["spark_start_plus_cold_s"] = round(run["spark_session_start_s"] + run["spark_report_cold_s"], 1)
+    return {**run, "numbers": spark_numbers(report)}
+
+
+def one_run(client: redis.Redis, keys: Keys, records: int, work: str, n: int, pandas: bool) -> tuple[dict, dict]:
+    """Export into a fresh archive; Spark in a fresh process (a new JVM: cold is cold); pandas on the same archive."""
+    archive, out = f"{work}/archive-{n}", f"{work}/report-{n}"
+    run: dict = {"load_average_at_start": round(os.getloadavg()[0], 2)}
+    result = export_events(client, keys, archive)
+    assert result.rows == records and result.events_lost == 0
+    run.update(export_s=round(result.seconds, 2), export_events_per_s=round(result.rows / result.seconds),
+               export_files=len(result.files), archive_mb=round(du(archive) / 2**20, 1))
+    child = subprocess.run([sys.executable, __file__, "--spark-run", archive, out], capture_output=True, text=True)
+    if child.returncode != 0:
+        sys.exit(f"the Spark run failed:\n{child.stdout}\n{child.stderr[-4000:]}")
+    spark = json.loads(child.stdout.strip().splitlines()[-1])
+    numbers = {"spark": spark.pop("numbers"), "pandas": {}}
+    numbers["spark"]["attempts"] = {int(k): v for k, v in numbers["spark"]["attempts"].items()}  # JSON made them text
+    run.update(spark)
+    if pandas:
+        t = time.perf_counter()
+        numbers["pandas"] = pandas_report(archive, Path(work) / f"pandas-{n}")
+        run["pandas_s"] = round(time.perf_counter() - t, 1)
+        run["pandas_peak_rss_gb"] = round(peak_rss_gb(), 2)
+    run["load_average_at_end"] = round(os.getloadavg()[0], 2)
+    shutil.rmtree(out, ignore_errors=True)
+    return run, numbers
+
+
+def peak_rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # kB on Linux
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--runs", type=int, default=3,
+                   help="export, Spark (start, cold, warm) and pandas this many times; medians (3)")
+    p.add_argument("--no-pandas", action="store_true", help="leave pandas out (it holds every event in memory)")
+    p.add_argument("--json", help="write the results here too")
+    p.add_argument("--keep", action="store_true", help="keep the archives")
+    p.add_argument("--spark-run", nargs=2, metavar=("ARCHIVE", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.spark_run:
+        print(json.dumps(spark_run(*args.spark_run)))
+        return
+
     work = tempfile.mkdtemp(prefix="bench-analytics-")
-    archive, out = f"{work}/archive", f"{work}/report"
     results: dict = {"records": args.records, "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
                      "load_average_at_start": round(os.getloadavg()[0], 2)}
+    # pandas peaked at 1.6-1.8 GB of RSS per million events; leave it out unless 2 GB per million (+ 2) are free.
+    need_gb = 2.0 * args.records / 1e6 + 2
+    free_gb = psutil.virtual_memory().available / 2**30
+    pandas = not args.no_pandas and free_gb > need_gb
+    if not pandas:
+        results["pandas_left_out"] = f"--no-pandas or {free_gb:.1f} GB available < {need_gb:.1f} GB needed"
     server = RedisServer().start()
+    runs, checks = [], []
     try:
         client, keys = redis.Redis.from_url(server.url), Keys("bench")
         t = time.perf_counter()
         results["generated"] = load_stream(client, keys, args.records)
         results["generate_and_xadd_s"] = round(time.perf_counter() - t, 1)
         results["redis_used_memory_mb"] = round(client.info("memory")["used_memory"] / 2**20)
-        result = export_events(client, keys, archive)
-        assert result.rows == args.records and result.events_lost == 0
-        results.update(export_s=round(result.seconds, 2), export_events_per_s=round(result.rows / result.seconds),
-                       export_files=len(result.files), archive_mb=round(du(archive) / 2**20, 1))
+        print(json.dumps(results, indent=1), flush=True)
+        for n in range(args.runs):
+            run, numbers = one_run(client, keys, args.records, work, n, pandas)
+            runs.append(run)
+            checks.append(numbers)
+            print(json.dumps({"run": n + 1, **run}), flush=True)
         client.close()
     finally:
         server.stop()
-    print(json.dumps(results, indent=1), flush=True)
-
-    t = time.perf_counter()
-    spark = build_session("local[2]")
-    results["spark_session_start_s"] = round(time.perf_counter() - t, 1)
-    options = ReportOptions(archive, out, as_of=AS_OF)
-    for run in ("cold", "warm"):
-        t = time.perf_counter()
-        report = run_report(spark, options)
-        results[f"spark_report_{run}_s"] = round(time.perf_counter() - t, 1)
-    spark.stop()
-    t = time.perf_counter()
-    numbers = pandas_report(archive, Path(work) / "pandas")
-    results["pandas_s"] = round(time.perf_counter() - t, 1)
-    results["spark_warm_over_pandas"] = round(results["spark_report_warm_s"] / results["pandas_s"], 1)
-    results["spark_cold_with_start_over_pandas"] = round(
-        (results["spark_report_cold_s"] + results["spark_session_start_s"]) / results["pandas_s"], 1)
-    results["disagreements"] = agree(spark_numbers(report), numbers)
-    results["headline"] = spark_numbers(report)
+    results["runs"] = runs
+    results["median"] = {key: median([r[key] for r in runs]) for key in runs[0]
+                         if key.endswith("_s") or key == "export_events_per_s"}
+    m = results["median"]
+    if pandas:
+        results["spark_warm_over_pandas"] = round(m["spark_report_warm_s"] / m["pandas_s"], 1)
+        results["spark_start_plus_cold_over_pandas"] = round(m["spark_start_plus_cold_s"] / m["pandas_s"], 1)
+        results["disagreements"] = [d for c in checks for d in agree(c["spark"], c["pandas"])]
+    results["headline"] = checks[-1]["spark"]
     results["load_average_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(results, indent=1, default=str))
     if args.json:
@@ -240,7 +320,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"kept {work}")
-    if results["disagreements"]:
+    if results.get("disagreements"):
         sys.exit("spark and pandas disagree: " + "; ".join(results["disagreements"]))
 
 

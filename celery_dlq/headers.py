@@ -27,6 +27,8 @@ TRACEBACK = "x-dlq-traceback"
 DEAD_LETTERED_AT = "x-dlq-dead-lettered-at"
 WORKER = "x-dlq-worker"
 RAW = "x-dlq-raw"                                # true: the body is a raw element that was not a message
+GROUP = "x-dlq-group"                            # failure group id (fingerprint.group_id), counted in the DLQ's index
+PAYLOAD_HASH = "x-dlq-payload-hash"              # message.payload_hash of the letter's task and body, as dead-lettered
 # Replays (operator tools):
 REPLAYED_AT = "x-dlq-replayed-at"
 REPLAY_COUNT = "x-dlq-replay-count"

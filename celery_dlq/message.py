@@ -98,6 +98,26 @@ class Envelope(TaskIdentity):
             **({"extra": self.extra} if self.extra else {}),
         }).encode("utf-8")
 
+    def element(self, exchange: str, routing_key: str, tag: str) -> bytes:
+        """The message as kombu's Redis transport would push it after a publish to ``exchange``/``routing_key``.
+
+        What ``publish`` makes kombu write (``Channel.prepare_message`` and
+        ``_inplace_augment_message``): the body base64-encoded, the carried
+        properties, priority 0 and persistent delivery unless set, a new
+        delivery ``tag``. For code that pushes inside a Lua script.
+        """
+        properties = {"delivery_mode": 2, **self.properties}
+        properties["priority"] = properties.get("priority") or 0
+        properties.update(delivery_info={"exchange": exchange, "routing_key": routing_key},
+                          body_encoding="base64", delivery_tag=tag)
+        return json.dumps({
+            "body": base64.b64encode(self.body).decode("ascii"),
+            "content-encoding": self.content_encoding or "binary",
+            "content-type": self.content_type or "application/octet-stream",
+            "headers": self.headers,
+            "properties": properties,
+        }).encode("utf-8")
+
     @classmethod
     def loads(cls, data: bytes | str) -> Envelope:
         doc = json.loads(data)
@@ -176,12 +196,12 @@ class RawMessage(TaskIdentity):
 
         For a dead letter that is where :meth:`Envelope.publish` sends it home.
         """
-        headers = self.headers
+        headers, properties = self.headers, self.properties
         queue = headers.get(H.ORIGINAL_QUEUE) or ""
         return Envelope(
             body=self.body, content_type=self.content_type, content_encoding=self.content_encoding,
             headers=headers,
-            properties={k: self.properties[k] for k in CARRIED_PROPERTIES if self.properties.get(k) is not None},
+            properties={k: properties[k] for k in CARRIED_PROPERTIES if properties.get(k) is not None},
             exchange=headers.get(H.ORIGINAL_EXCHANGE) or "",
             routing_key=headers.get(H.ORIGINAL_ROUTING_KEY) or queue, queue=queue)
 

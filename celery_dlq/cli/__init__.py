@@ -3,7 +3,7 @@
 The group is :data:`dlq` (:mod:`~celery_dlq.cli.base`); each module below
 adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
 ``show``, ``replay``, ``purge``; ``replay --plan`` in
-:mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.parked` (``delayed``,
+:mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.groups` (``groups``), :mod:`~celery_dlq.cli.parked` (``delayed``,
 ``redeliver``, ``stats``), :mod:`~celery_dlq.cli.analytics` (``export``,
 ``report``), :mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web` (``web``), :mod:`~celery_dlq.cli.policy` (``policy``). Printing is
 :mod:`~celery_dlq.cli.output`.
@@ -13,7 +13,7 @@ and ``replay --plan``, pyspark only by ``report``, prometheus-client only by
 ``exporter``: Celery imports every
 ``celery.commands`` plugin for every command, ``celery worker`` included.
 """
-from celery_dlq.cli import analytics, exporter, letters, parked, policy, web  # noqa: F401  (each adds its verbs to the group)
+from celery_dlq.cli import analytics, exporter, groups, letters, parked, policy, web  # noqa: F401  (each adds its verbs to the group)
 from celery_dlq.cli.base import dlq
 
 __all__ = ["dlq"]

@@ -8,6 +8,7 @@ import click
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
+from celery_dlq.redis.groups import is_group_id
 from celery_dlq.timespec import parse_since
 
 
@@ -29,6 +30,7 @@ def filter_options(f: Callable) -> Callable:
         click.option("--since", help="Dead-lettered at or after: unix seconds, ISO 8601, or an age (2h)."),
         click.option("--until", help="Dead-lettered before: unix seconds, ISO 8601, or an age (30m)."),
         click.option("--grep", "text", help="Text in the exception message (case-insensitive)."),
+        click.option("--group", help="Failure group id, as `celery dlq groups` shows it."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -36,10 +38,13 @@ def filter_options(f: Callable) -> Callable:
 
 
 def make_filter(task_id: str | None = None, **kw: Any) -> Filter | None:
-    fields = {k: kw.get(k) for k in ("task_name", "reason", "exception_type", "original_queue", "text")}
+    fields = {k: kw.get(k) for k in ("task_name", "reason", "exception_type", "original_queue", "text", "group")}
     fields.update(since=parse_time(kw.get("since")), until=parse_time(kw.get("until")), task_id=task_id)
     if all(v is None for v in fields.values()):
         return None
+    if fields["group"] is not None and not is_group_id(fields["group"]):
+        raise click.BadParameter(f"a group id is 16 hex digits (celery dlq groups shows them), got {fields['group']!r}",
+                                 param_hint="--group")
     try:
         return Filter(**fields)
     except ConfigurationError as exc:

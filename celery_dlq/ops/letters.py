@@ -41,11 +41,11 @@ class DeadLetter(TaskIdentity):
     def decoded(self) -> RawMessage:
         return RawMessage(self.message)
 
-    @property
+    @cached_property
     def headers(self) -> dict:  # type: ignore[override]
-        return self.decoded.headers
+        return self.decoded.headers   # read a dozen times per letter in a replay: decoded once
 
-    @property
+    @cached_property
     def properties(self) -> dict:  # type: ignore[override]
         return self.decoded.properties
 
@@ -55,6 +55,12 @@ class DeadLetter(TaskIdentity):
     @property
     def delivery_count(self) -> int | None:
         return H.delivery_count_of(self.headers) if H.DELIVERY_COUNT in self.headers else None
+
+    @property
+    def group(self) -> str | None:
+        """Its failure group id (``x-dlq-group``); None for a letter written without one."""
+        value = self.header(H.GROUP)
+        return value if isinstance(value, str) and value else None
 
     @property
     def replay_count(self) -> int:
@@ -95,7 +101,7 @@ class DeadLetter(TaskIdentity):
             "original_queue": self.header(H.ORIGINAL_QUEUE), "reason": self.header(H.REASON),
             "delivery_count": self.delivery_count, "exception_type": self.header(H.EXCEPTION_TYPE),
             "exception_message": self.header(H.EXCEPTION_MESSAGE), "dead_lettered_at": self.dead_lettered_at,
-            "worker": self.header(H.WORKER), "replay_count": self.replay_count,
+            "worker": self.header(H.WORKER), "replay_count": self.replay_count, "group": self.group,
             "priority": self.properties.get("priority"), "content_type": self.content_type, "size": len(self.raw),
             "decoded": arguments is not None, "args": arguments[0] if arguments else None,
             "kwargs": arguments[1] if arguments else None,
@@ -143,7 +149,8 @@ class Filter:
     ``task_name`` is a wildcard pattern (``proj.*``, ``orders.#``);
     ``exception_type`` matches the full name or its last part (``ValueError``);
     ``since``/``until`` bound ``x-dlq-dead-lettered-at`` (unix seconds);
-    ``text`` is a case-insensitive substring of the exception message.
+    ``text`` is a case-insensitive substring of the exception message;
+    ``group`` a failure group id (``x-dlq-group``; ``celery dlq groups``).
     """
 
     task_id: str | None = None
@@ -154,11 +161,21 @@ class Filter:
     since: float | None = None
     until: float | None = None
     text: str | None = None
+    group: str | None = None
     _pattern: Pattern | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.task_name is not None:  # a bad pattern fails now, not per message
             object.__setattr__(self, "_pattern", Pattern.parse(self.task_name, "task name filter"))
+
+    def needle(self) -> str | None:
+        """Text every matching letter's stored JSON holds, for a search inside Redis to pass over the rest
+        (candidates are still checked with :meth:`matches`); None when no field gives one."""
+        for value, quoted in ((self.group, False), (self.task_id, False), (self.task_name, True),
+                              (self.exception_type, False), (self.original_queue, True), (self.reason, True)):
+            if value and value.isascii() and value.isprintable() and not set(value) & set('"\\*#/'):
+                return f'"{value}"' if quoted else value
+        return None
 
     def matches(self, letter: DeadLetter) -> bool:
         at = letter.dead_lettered_at
@@ -173,6 +190,7 @@ class Filter:
             self.since is None or (at is not None and at >= self.since),
             self.until is None or (at is not None and at < self.until),
             self.text is None or self.text.lower() in str(letter.header(H.EXCEPTION_MESSAGE) or "").lower(),
+            self.group is None or letter.group == self.group,
         ))
 
 

@@ -19,10 +19,12 @@ from typing import Any, Callable
 from kombu.serialization import prepare_accept_content
 
 from celery_dlq.errors import UnknownQueue
+from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.redis import trends
 from celery_dlq.redis.client import broker_client, connect
 from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
@@ -169,6 +171,16 @@ class Operator:
                         fields.get("dead_letter_queue_suffix", base.dead_letter_queue_suffix)))
         return {s for s in shapes if s[0] or s[1]}, named
 
+    def groups(self, name: str | None = None, *, names: list[str] | None = None) -> GroupReport:
+        """Failure groups of DLQ ``name`` (or the DLQ of queue ``name``), of the DLQs ``names``, or of every DLQ."""
+        if names is None:
+            names = [self.queue(name).name] if name else sorted(self.known())
+        return read_groups(self, names)
+
+    def trends(self) -> trends.Trends:
+        """Dead-lettered, parked and redelivered per minute (last hour) and per hour (last week), every shard."""
+        return trends.read(self.client, [shard.keys for shard in self.store.all], self.clock())
+
     def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
         """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""
         counters = self.store.stats()
@@ -184,14 +196,18 @@ class Operator:
         acknowledged as "already dead-lettered": lost. Idempotent, and done
         before the move, so an interruption in between loses nothing.
         """
-        pipe = self.client.pipeline(transaction=False)
+        by_shard: dict[str, list[str]] = {}
         for letter in letters:
             task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
             if task_id:
                 keys = self.store.of(task_id).keys
-                for key in (keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
-                            keys.audit(task_id, letter.delivery_count or 1)):
-                    pipe.delete(key)   # one key per DEL: a store on a Redis Cluster takes no cross-slot DEL
+                by_shard.setdefault(keys.base, []).extend((
+                    keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
+                    keys.audit(task_id, letter.delivery_count or 1)))
+        pipe = self.client.pipeline(transaction=False)
+        for keys in by_shard.values():   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
+            for start in range(0, len(keys), 1000):
+                pipe.delete(*keys[start:start + 1000])
         pipe.execute()
 
     def count(self, stat: str, n: int) -> None:

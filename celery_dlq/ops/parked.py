@@ -46,6 +46,10 @@ class ParkedRetry:
         return dict(self.__dict__)
 
 
+#: The due-time buckets of :meth:`ParkedRetries.due_histogram`.
+DUE_BUCKETS = ("overdue", "< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-6 h", "6-24 h", "> 24 h")
+
+
 class ParkedRetries:
     """The delayed store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
 
@@ -57,6 +61,13 @@ class ParkedRetries:
             if limit is not None and n >= limit:
                 return
             yield ParkedRetry.from_entry(entry)
+
+    def due_histogram(self, now: float) -> list[tuple[str, int]]:
+        """How many parked retries come due when: overdue, within a minute, 5, 15 minutes, an hour, 6, 24 hours,
+        later (the entries being delivered right now, leased, are not waiting and not counted)."""
+        edges = [-float("inf"), 0, 60, 300, 900, 3600, 6 * 3600, 24 * 3600, float("inf")]
+        ms = [int((now + e) * 1000) if abs(e) != float("inf") else (-2**62 if e < 0 else 2**62) for e in edges]
+        return list(zip(DUE_BUCKETS, self.store.due_counts(ms)))
 
     def find(self, ident: str) -> list[str]:
         """Entry ids for an entry id, or for every entry of a task id."""

@@ -6,9 +6,11 @@ as kombu's JSON. They are read a page at a time from the oldest end
 (:class:`celery_dlq.redis.lists.OldestFirst`), and each page is offered to
 the selection (:mod:`celery_dlq.ops.letters`) once, so an
 operation is one pass over the DLQ whatever it selects. A replay rewrites
-each message and moves it with one Lua script (remove this exact element
-from the DLQ, push the copy onto the target queue), so a replay interrupted
-anywhere and run again delivers every message once.
+each message and moves a page of them with one Lua script (for each: remove
+this exact element from the DLQ, push the copy onto the target queue, take it
+off its failure group's count), so a replay interrupted anywhere and run
+again delivers every message once. A purge removes a page per script the
+same way.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from kombu.utils import json
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
-from celery_dlq.redis import metrics
+from celery_dlq.redis import groups, metrics
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.lists import OldestFirst
 
@@ -109,7 +111,7 @@ class DeadLetterQueue:
         """Move matching dead letters back to their original queue (or ``to``), oldest first, in one pass.
 
         ``rate`` caps messages per second over the whole pass. Each message
-        moves atomically (see ``lua/replay_move.lua``); run it again after an
+        moves atomically (see ``lua/replay_batch.lua``); run it again after an
         interruption.
         """
         if rate is not None and not rate > 0:
@@ -146,11 +148,12 @@ class DeadLetterQueue:
             out.targets.update(queue for _, queue, _, _ in plans)
             return 0
         self.op.forget([plan[0] for plan in plans])
-        pipe = self.op.broker.pipeline(transaction=False)
-        script = self.op.scripts.get("replay_move")
+        keys = _Keys(self.op.lists.groups(self.name))
+        args: list = []
         for letter, _, target_key, payload in plans:
-            script(keys=[letter.key, target_key], args=[letter.raw, payload], client=pipe)
-        moved = pipe.execute()
+            args += [keys.index(letter.key), keys.index(target_key), letter.raw, payload,
+                     *groups.membership(letter.headers)]
+        moved = self.op.scripts.run("replay_batch", keys.keys, args)
         for (_, queue, _, _), ok in zip(plans, moved):
             out.targets[queue] += 1 if ok else 0
         out.done += sum(moved)
@@ -187,7 +190,7 @@ class DeadLetterQueue:
         pipe = self.op.broker.pipeline(transaction=True)
         for key in keys:
             pipe.llen(key)
-        pipe.delete(*keys)
+        pipe.delete(*keys, self.op.lists.groups(self.name))   # the groups go with their letters
         out.matched = out.done = sum(pipe.execute()[:-1])
         return out
 
@@ -196,10 +199,11 @@ class DeadLetterQueue:
         """Each selected dead letter removed by its exact value (LREM) and archived as ``purged``."""
         out, pages = Outcome(), self._pages(batch)
         for letters in self._selected(pages, where, limit):
-            pipe = self.op.broker.pipeline(transaction=False)
+            keys = _Keys(self.op.lists.groups(self.name))
+            args: list = []
             for letter in letters:
-                pipe.lrem(letter.key, -1, letter.raw)
-            results = pipe.execute()
+                args += [keys.index(letter.key), letter.raw, *groups.membership(letter.headers)]
+            results = self.op.scripts.run("remove_letters", keys.keys, args)
             removed = sum(results)
             # A quarantined raw element is no message: there is no event to write for it.
             self.op.archive.purged([letter for letter, n in zip(letters, results) if n and letter.message],
@@ -211,3 +215,18 @@ class DeadLetterQueue:
             if progress:
                 progress(len(letters))
         return out
+
+
+class _Keys:
+    """The ``KEYS`` of a batch script: the group index first, then each list once (``index`` is 1-based, as Lua's)."""
+
+    def __init__(self, first: str) -> None:
+        self.keys = [first]
+        self._at: dict[str, int] = {}
+
+    def index(self, key: str) -> int:
+        at = self._at.get(key)
+        if at is None:
+            self.keys.append(key)
+            at = self._at[key] = len(self.keys)
+        return at

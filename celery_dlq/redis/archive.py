@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from celery_dlq import headers as H
-from celery_dlq.message import Envelope, as_text as _text, decode_raw, payload_hash
+from celery_dlq.message import Envelope, RawMessage, as_text as _text, decode_raw, payload_hash
 
 logger = logging.getLogger(__name__)
 
@@ -170,16 +170,32 @@ def to_us(seconds: Any) -> int | None:
 # -- building events --------------------------------------------------------------
 
 def _as_envelope(letter: Any) -> Envelope:
-    """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw`` (``ops.DeadLetter``)."""
+    """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw`` (``ops.DeadLetter``).
+
+    A letter in a DLQ carries the hash of its payload from when it was
+    dead-lettered (``x-dlq-payload-hash``; its body has not changed since):
+    it is used as it is rather than parsed again.
+    """
     if isinstance(letter, Envelope):
         return letter
+    decoded = getattr(letter, "decoded", None)   # an ops.DeadLetter: its JSON is decoded already
+    if isinstance(decoded, RawMessage) and decoded.doc:
+        return _hashed(decoded.as_envelope())
     raw = letter if isinstance(letter, (bytes, bytearray, str)) else getattr(letter, "raw", None)
     if raw is None:
         raise TypeError(f"not a dead letter: {type(letter).__name__}")
     message = decode_raw(raw)
     if not message.doc:
         raise ValueError("not a kombu message (not a JSON object)")
-    return message.as_envelope()
+    return _hashed(message.as_envelope())
+
+
+def _hashed(envelope: Envelope) -> Envelope:
+    """``envelope`` (just built by ``as_envelope``: its ``extra`` is its own) with the hash its letter carries."""
+    known = envelope.headers.get(H.PAYLOAD_HASH)
+    if isinstance(known, str) and len(known) == 32:
+        envelope.extra.setdefault(PAYLOAD_HASH, known)
+    return envelope
 
 
 def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str = "",

@@ -34,6 +34,8 @@ UNKNOWN_TASK_ID = "unknown"
 #: kombu's Redis transport: priority sub-lists are ``name + SEP + step``.
 SEP = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
+#: A DLQ's failure-group index is ``_celery_dlq.groups:<dlq>`` on the broker (kombu's ``_kombu.`` style).
+GROUPS_PREFIX = "_celery_dlq.groups:"
 
 
 class Stat:
@@ -118,6 +120,13 @@ class Keys:
     def metrics(self) -> str:
         """HASH ``metric{label="value",...}`` -> integer: the exporter's ``_total`` counters (``metrics.py``)."""
         return self.base + ":metrics"
+
+    @property
+    def trends(self) -> str:
+        """HASH ``<kind>|<queue or reason>|<name>|<m or h><slot>`` -> ``"<minute or hour>:<count>"``: dead-lettered,
+        parked and redelivered per minute (the last hour) and per hour (the last week), rings of fixed size
+        (``redis/trends.py``)."""
+        return self.base + ":trends"
 
     @property
     def events(self) -> str:
@@ -268,6 +277,11 @@ class QueueLists:
             priority = 0
         step = self.steps[max(bisect(self.steps, priority) - 1, 0)]
         return self.global_keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
+
+    def groups(self, dlq: str) -> str:
+        """HASH: the failure groups of DLQ ``dlq`` (``redis/groups.py`` lists its fields), next to its lists on the
+        broker, so the Lua script that pushes or removes a dead letter counts it in the same step."""
+        return f"{self.global_keyprefix}{GROUPS_PREFIX}{dlq}"
 
     def queue_of(self, key: str) -> str:
         key = key[len(self.global_keyprefix):] if key.startswith(self.global_keyprefix) else key

@@ -24,13 +24,17 @@ SCRIPT_NAMES = (
     "count",
     "next_due",
     "count_delivery",
-    "replay_move",
     "fetch",
     "reject_invalid",
     "release_quarantine",
     "move_due",
+    "dead_letter",
+    "replay_batch",
+    "remove_letters",
+    "find_letter",
+    "trend",
 )
-#: Prepended to every script: the parked payload formats (``lua/lib.lua``).
+#: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import as_text as _text
-from celery_dlq.redis import metrics
+from celery_dlq.redis import metrics, trends
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.replication import Replication
@@ -169,12 +169,12 @@ class DelayedStore:
         ack_keys, tag = ack if ack is not None else ((), "")
         counted = metrics.field(Metric.PARKED, queue=queue, task=task or "")
         args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag,
-                           counted, "" if expires is None else to_ms(expires)]
+                           counted, "" if expires is None else to_ms(expires), int(self.clock() // 60)]
         for name, value in (event or {}).items():
             args += [name, value]
         result = int(self._scripts.run(
             "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics,
-                     self.keys.expiries, *ack_keys),
+                     self.keys.expiries, self.keys.trends, *ack_keys),
             args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
@@ -221,13 +221,21 @@ class DelayedStore:
         return moved, left
 
     def count_redelivered(self, tally: Counter[tuple[str, str]]) -> None:
-        """Raise ``redelivered_total`` by ``tally`` ((queue, task) -> n) in one round trip, and empty it."""
+        """Raise ``redelivered_total`` and the trends by ``tally`` ((queue, task) -> n) in one round trip; empty it."""
         if tally:
             pipe = self.client.pipeline(transaction=False)
+            per_queue: Counter[str] = Counter()
             for (queue, task), n in tally.items():
                 metrics.incr(pipe, self.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+                per_queue[queue] += n
+            for queue, n in per_queue.items():
+                self.trend(pipe, trends.series("redelivered", queue), n)
             pipe.execute()
             tally.clear()
+
+    def trend(self, pipe: Any, names: list[str], n: int = 1) -> None:
+        """Queue on ``pipe`` the counting of ``n`` events now in the trends' series ``names`` (``redis/trends.py``)."""
+        trends.count(pipe, self._scripts, self.keys, names, n, self.clock())
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

@@ -66,7 +66,11 @@ class Selection:
         return TaskIds(self.ids, where, every=self.verb == "purge") if self.ids else where
 
     def count(self, dead: DeadLetterQueue) -> int:
+        """How many the action takes now: a group's count from its index (exact, no pass), else a pass."""
         where = self.where()
+        if not self.ids and set(self.query.values) == {"group"}:
+            rows = dead.op.groups(dead.name).per_dlq.get(dead.name, [])
+            return next((g.count for g in rows if g.group_id == self.query.values["group"]), 0)
         return dead.depth() if where is None else sum(1 for _ in dead.entries(where))
 
     def describe(self, dead: DeadLetterQueue) -> str:

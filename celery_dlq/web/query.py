@@ -1,7 +1,7 @@
 """The DLQ page's URL parameters: the filters of ``celery dlq list``, paging and order.
 
 Parameter names are the CLI's option names (``task``, ``reason``,
-``exception``, ``original_queue``, ``since``, ``until``, ``grep``), so a
+``exception``, ``original_queue``, ``since``, ``until``, ``grep``, ``group``), so a
 filtered view is a bookmarkable URL that reads like the command line.
 """
 from __future__ import annotations
@@ -13,11 +13,13 @@ from urllib.parse import urlencode
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
+from celery_dlq.redis.groups import is_group_id
 from celery_dlq.timespec import parse_since
 
 #: URL parameter -> Filter field.
 FILTERS = {"task": "task_name", "reason": "reason", "exception": "exception_type",
-           "original_queue": "original_queue", "since": "since", "until": "until", "grep": "text"}
+           "original_queue": "original_queue", "since": "since", "until": "until", "grep": "text",
+           "group": "group"}
 PAGE_SIZES = (20, 50, 100, 200)
 
 
@@ -39,6 +41,8 @@ class Query:
         values = {name: str(params[name]).strip() for name in FILTERS if str(params.get(name) or "").strip()}
         if values.get("reason") and values["reason"] not in Reason.ALL:
             raise BadQuery(f"reason must be one of {', '.join(Reason.ALL)}, got {values['reason']!r}")
+        if values.get("group") and not is_group_id(values["group"]):
+            raise BadQuery(f"group must be a group id (16 hex digits, as the groups page shows), got {values['group']!r}"[:200])
         order = params.get("order") or "newest"
         if order not in ("newest", "oldest"):
             raise BadQuery(f"order must be newest or oldest, got {order!r}")

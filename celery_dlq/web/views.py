@@ -1,4 +1,4 @@
-"""The pages (GET): overview, a DLQ, a dead letter, parked retries, a job; and the login.
+"""The pages (GET): overview, failure groups, a DLQ, a dead letter, parked retries, a job; and the login.
 
 Each is a few calls to the operator API and one template. Starlette runs
 these plain functions in its thread pool, so Redis round trips never block
@@ -8,19 +8,25 @@ from __future__ import annotations
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq import headers as H
+from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
-from celery_dlq.ops.window import letter_at, read_window
+from celery_dlq.ops.operator import Operator
+from celery_dlq.redis.trends import KINDS
+from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.redis.lists import oldest_pages
 from celery_dlq.web.auth import TOKEN_USER
+from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
 
 #: Parked retries listed per page.
 PARKED_LIMIT = 200
+#: Failure groups the overview shows (the largest; ``/groups`` shows them all).
+OVERVIEW_GROUPS = 10
 
 
 def overview(request: Request) -> Response:
@@ -34,8 +40,44 @@ def overview(request: Request) -> Response:
             times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
                      for key, (_, raws) in pages.items() if raws]
             oldest[row.name] = min((t for t in times if t is not None), default=None)
+    report = op.groups(names=_dlqs(rows))
     return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
-                  jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh)
+                  jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh,
+                  trends=trend_sections(op.trends()), **_groups(op, report, OVERVIEW_GROUPS))
+
+
+def overview_json(request: Request) -> Response:
+    """The overview's figures as JSON, for its in-place refresh (``static/refresh.js``): counters, each DLQ's depth,
+    each group's count, the trends' totals. Read-only, behind the same login as every page."""
+    op = request.app.state.op
+    rows = op.queues()
+    seen = op.trends()
+    return JSONResponse({
+        "at": op.clock(), "stats": op.stats(rows), "depths": {row.name: row.dead_letters for row in rows if row.name},
+        "groups": {g.group_id: g.count for g in op.groups(names=_dlqs(rows)).merged()},
+        "trends": {kind: {"hour": sum(seen.total(kind)), "week": sum(seen.total(kind, "hour"))} for kind in KINDS},
+    })
+
+
+def _dlqs(rows: list) -> list[str]:
+    """The DLQs of :meth:`Operator.queues` rows (read once per page: no second SCAN for the groups)."""
+    return sorted({row.name for row in rows if row.name})
+
+
+def groups_page(request: Request) -> Response:
+    """Every failure group, across DLQs or of one (``?dlq=``): what broke, since when, and is it over."""
+    op = request.app.state.op
+    name = request.query_params.get("dlq") or None
+    report = op.groups(name)
+    return render(request, "groups.html", dlq=op.queue(name).name if name else None, **_groups(op, report, None))
+
+
+def _groups(op: Operator, report: GroupReport, limit: int | None) -> dict:
+    """The groups part of a page: the rows (at most ``limit``), their sparklines, the letters in no group."""
+    merged, now = report.merged(), op.clock()
+    shown = merged if limit is None else merged[:limit]
+    return {"groups": [(g, sparkline(g.arrivals, now)) for g in shown], "groups_total": len(merged),
+            "ungrouped": report.ungrouped}
 
 
 def dlq_page(request: Request) -> Response:
@@ -45,7 +87,8 @@ def dlq_page(request: Request) -> Response:
     query = Query.parse(request.query_params)
     window = read_window(dead, query.start, query.size, newest_first=query.newest_first, where=query.selection())
     return render(request, "dlq.html", dead=dead, query=query, window=window, sizes=PAGE_SIZES,
-                  reasons=H.Reason.ALL, letters=[(n, letter, letter.as_dict()) for n, letter in window.letters])
+                  reasons=H.Reason.ALL,
+                  letters=[(anchor, letter, letter.as_dict()) for (_, letter), anchor in zip(window.letters, window.anchors)])
 
 
 def letter_page(request: Request) -> Response:
@@ -53,11 +96,12 @@ def letter_page(request: Request) -> Response:
     op = request.app.state.op
     dead = op.queue(request.path_params["name"])
     task_id = request.path_params["task_id"]
-    try:
-        position = int(request.query_params.get("at", -1))
-    except ValueError:
-        position = -1
-    letter = letter_at(dead, position, task_id, newest_first=request.query_params.get("order") != "oldest")
+    hint = request.query_params.get("at", "")
+    anchor = parse_anchor(hint)   # "<list>:<n from the old end>": what the DLQ page's links carry
+    if anchor is not None or not hint.lstrip("-").isdigit():
+        letter = find_letter(dead, task_id, anchor)
+    else:  # a page position (links of earlier versions)
+        letter = letter_at(dead, int(hint), task_id, newest_first=request.query_params.get("order") != "oldest")
     if letter is None:
         raise HTTPException(404, f"no dead letter of task {task_id} in {dead.name}: "
                                  "it was replayed or purged (perhaps by someone else)")
@@ -70,8 +114,9 @@ def parked_page(request: Request) -> Response:
     op = request.app.state.op
     queue = request.query_params.get("queue") or None
     retries = list(op.parked.entries(queue, limit=PARKED_LIMIT))
+    due = op.parked.due_histogram(op.clock())
     return render(request, "parked.html", retries=retries, queue=queue, total=op.parked.store.count(),
-                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue())
+                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue(), due=due, due_chart=histogram(due))
 
 
 def job_page(request: Request) -> Response:
@@ -96,6 +141,8 @@ def next_path(target: str | None) -> str:
 
 ROUTES = [
     Route("/", overview, name="overview"),
+    Route("/groups", groups_page, name="groups"),
+    Route("/api/overview", overview_json, name="overview_json"),
     Route("/dlq/{name}", dlq_page, name="dlq"),
     Route("/dlq/{name}/letters/{task_id}", letter_page, name="letter"),
     Route("/parked", parked_page, name="parked"),

@@ -2,8 +2,16 @@
 
 A dead letter is the original message (body untouched) published to a plain
 kombu queue, ``DLQ.<queue>`` by default, with ``x-dlq-*`` headers saying where
-it came from and why it died. The queue is declared on first use, so
-``redis-cli LLEN DLQ.orders`` shows it on a Redis broker.
+it came from and why it died. ``redis-cli LLEN DLQ.orders`` shows it on a
+Redis broker (a list needs no declaring; off Redis the queue is declared on
+first use).
+
+On a Redis broker the dead letter is pushed by a Lua script
+(``lua/dead_letter.lua``) that also counts it in the DLQ's failure-group
+index (:mod:`celery_dlq.redis.groups`), so the counts never drift from the
+lists, whatever is killed when; the letter is exactly what a kombu publish
+would have pushed, plus its group id (``x-dlq-group``). On another broker
+it is published through kombu, without groups.
 
 Idempotence (ActiveMQ's DLQ audit): an audit key per (task id, delivery,
 delivery tag of the consumed message instance)
@@ -19,12 +27,17 @@ import threading
 from typing import Any, Mapping
 
 from kombu import Exchange, Queue
+from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
-from celery_dlq.message import Envelope
+from celery_dlq.errors import BrokerNotSupported
+from celery_dlq.fingerprint import group_id
+from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import UNKNOWN_TASK_ID, Stat
+from celery_dlq.redis import groups, metrics, trends
+from celery_dlq.redis.client import broker_client
+from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists, Stat
+from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.shards import ShardedStore
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
@@ -45,7 +58,7 @@ class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
     def __init__(self, app: Any, client: Any, store: ShardedStore, *, audit_ttl: float,
-                 redis_url: str, events: TaskEvents | None = None) -> None:
+                 redis_url: str, events: TaskEvents | None = None, broker: Any = None) -> None:
         self.app = app
         self.events = events
         self.client = client
@@ -54,7 +67,13 @@ class DeadLetterer:
         self.audit_ttl_s = max(1, int(audit_ttl))
         self._declared: set[str] = set()
         self._lock = threading.Lock()
-        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url)
+        self.redis_url = redis_url
+        self.lists = QueueLists.of(app.conf.broker_transport_options)
+        #: The broker's Redis, where DLQs are lists (connected on first use unless given; None off Redis).
+        self._scripts: Scripts | None = Scripts(broker) if broker is not None else None
+        self._redis_broker: bool | None = True if broker is not None else None
+        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url,
+                                   broker=broker)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
@@ -88,9 +107,15 @@ class DeadLetterer:
                             envelope.task_name, task_id, delivery, dlq)
                 self.client.hincrby(keys.stats, Stat.DUPLICATES, 1)
                 return dlq
-        letter = envelope.with_headers(H.dead_letter_headers(
+        letter_headers = H.dead_letter_headers(
             envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
-            routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker))
+            routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker)
+        letter_headers[H.GROUP] = group_id(envelope.task_name, letter_headers[H.EXCEPTION_TYPE],
+                                           letter_headers[H.EXCEPTION_MESSAGE])
+        # Archiving its replay, purge or trim then needs no second parse of the body (redis/archive.py).
+        letter_headers[H.PAYLOAD_HASH] = payload_hash(envelope.task_name, envelope.body, envelope.content_type,
+                                                      envelope.content_encoding)
+        letter = envelope.with_headers(letter_headers)
         self.publish(letter, dlq)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
@@ -99,6 +124,7 @@ class DeadLetterer:
             pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
         metrics.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
                      reason=reason)
+        shard.store.trend(pipe, trends.series("dead_lettered", envelope.queue, reason))
         pipe.execute()
         shard.archive.dead_lettered(letter, dlq)
         logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",
@@ -108,11 +134,31 @@ class DeadLetterer:
         return dlq
 
     def publish(self, envelope: Envelope, dlq: str) -> None:
+        """Push ``envelope`` onto ``dlq`` and count it in its failure group (one script); kombu off Redis."""
+        scripts = self.broker_scripts()
+        if scripts is not None:
+            headers = envelope.headers
+            at = float(headers.get(H.DEAD_LETTERED_AT) or 0)
+            gid, reason = groups.membership(headers)
+            scripts.run("dead_letter", [self.lists.key(dlq, envelope.properties.get("priority")), self.lists.groups(dlq)],
+                        [envelope.element("", dlq, uuid()), gid, reason, repr(at), groups.hour_of(at),
+                         groups.describe(headers, envelope.task_id)])
+            return
         declare = () if dlq in self._declared else (dead_letter_queue(dlq),)
         with self.app.producer_or_acquire() as producer:
             envelope.publish(producer, exchange="", routing_key=dlq, declare=declare)
         with self._lock:
             self._declared.add(dlq)
+
+    def broker_scripts(self) -> Scripts | None:
+        """The scripts on the broker's Redis, where DLQs are lists; None when the broker is not Redis."""
+        if self._redis_broker is None:
+            try:
+                self._scripts = Scripts(broker_client(self.app.conf, self.client, self.redis_url))
+                self._redis_broker = True
+            except BrokerNotSupported:
+                self._redis_broker = False
+        return self._scripts
 
     def _notify(self, envelope: Envelope, dlq: str | None, reason: str,
                 failure: Mapping[str, str], delivery: int) -> None:

@@ -22,7 +22,7 @@ from celery import bootsteps
 from celery_dlq import headers as H
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.redis import metrics
+from celery_dlq.redis import metrics, trends
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.shards import Shard
@@ -258,8 +258,12 @@ class MoverThread(threading.Thread):
         try:
             counts = Counter((envelope.queue, envelope.task_name or "") for envelope in published)
             pipe = self.runtime.client.pipeline(transaction=False)
+            per_queue: Counter = Counter()
             for (queue, task), n in counts.items():
                 metrics.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+                per_queue[queue] += n
+            for queue, n in per_queue.items():
+                shard.store.trend(pipe, trends.series("redelivered", queue), n)
             pipe.execute()
         except Exception:
             logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))

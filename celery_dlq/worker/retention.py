@@ -8,7 +8,8 @@ in the worker that published it, so there is no sweeper to run or forget.
 
 Oldest first: the right end of the DLQ's lists (kombu pushes on the left),
 merged across priority sub-lists by dead-lettered time. Each message goes by
-its exact value (``LREM``), so a concurrent replay or purge of the same
+its exact value (``LREM``, in ``lua/remove_letters.lua``, which also takes it
+off its failure group's count), so a concurrent replay or purge of the same
 message makes one of them find it gone, never both act on it. Every trimmed
 message is logged and counted (``stats`` hash, ``dead_letters_trimmed``;
 the exporter's ``trimmed_total{dlq}``).
@@ -23,11 +24,12 @@ from typing import Any, Iterator
 
 from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import metrics
+from celery_dlq.redis import groups, metrics
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.client import broker_client
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
 from celery_dlq.redis.lists import oldest_pages
+from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +52,19 @@ class Retention:
         self.app, self.client, self.keys, self._broker = app, client, keys, broker
         self.redis_url, self.archive = redis_url, archive
         self.lists = QueueLists.of(app.conf.broker_transport_options)
+        self._scripts: Scripts | None = None
 
     @property
     def broker(self) -> Any:
         if self._broker is None:
             self._broker = broker_client(self.app.conf, self.client, self.redis_url)
         return self._broker
+
+    @property
+    def scripts(self) -> Scripts:
+        if self._scripts is None:
+            self._scripts = Scripts(self.broker)
+        return self._scripts
 
     def after_dead_letter(self, dlq: str, policy: RedeliveryPolicy) -> int:
         """Apply ``policy``'s limits to ``dlq``; never raises (the dead letter is safe already)."""
@@ -78,11 +87,12 @@ class Retention:
             victims = self._victims(keys, max_length, cutoff, MAX_PER_CALL - trimmed)
             if not victims:
                 break
-            pipe = self.broker.pipeline(transaction=False)
+            args: list = []
             for key, raw, _ in victims:
-                pipe.lrem(key, -1, raw)
+                args += [keys.index(key) + 2, raw, *groups.membership(decode_raw(raw).headers)]
             gone: dict[str, list[bytes]] = {}
-            for (key, raw, why), removed in zip(victims, pipe.execute()):
+            removed_flags = self.scripts.run("remove_letters", [self.lists.groups(dlq), *keys], args)
+            for (key, raw, why), removed in zip(victims, removed_flags):
                 if removed:
                     trimmed += 1
                     self._log(dlq, raw, why)

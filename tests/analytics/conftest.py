@@ -7,10 +7,14 @@ zone set to America/New_York too, on purpose: nothing may depend on either
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -115,16 +119,58 @@ def hand_archive(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def hand_report(spark, hand_archive, tmp_path_factory):
+@pytest.fixture(scope="session", params=["local", "standalone"])
+def hand_report(request, hand_archive, tmp_path_factory):
+    """The hand-built archive's report and its directory: computed in-process on ``local[2]``, and
+    submitted with spark-submit to a standalone cluster (:func:`standalone_run`); every test of it runs on both."""
     from celery_dlq.analytics.options import ReportOptions
     from celery_dlq.analytics.report import run_report
 
+    if request.param == "standalone":
+        run = request.getfixturevalue("standalone_run")
+        assert run.proc.returncode == 0, run.proc.stdout + run.proc.stderr[-6000:]
+        return json.loads((run.out / "report.json").read_text()), run.out
+    spark = request.getfixturevalue("spark")
     out = tmp_path_factory.mktemp("hand-report")
     with local_time_zone("America/New_York"):
         assert time.strftime("%Z", time.localtime(0)) == "EST"
         report = run_report(spark, ReportOptions(str(hand_archive), str(out), as_of=AS_OF))
     return report, out
+
+
+@dataclass
+class StandaloneRun:
+    """What :func:`standalone_run` saw: the submission, the cluster's JSON after it, and what was left running."""
+
+    proc: subprocess.CompletedProcess
+    out: Path
+    listening: list[str]
+    master: dict
+    worker: dict
+    left_running: list[int]
+    log_dir: Path
+
+
+@pytest.fixture(scope="session")
+def standalone_run(hand_archive, tmp_path_factory):
+    """The hand-built archive's report submitted to a Spark standalone cluster started (and stopped) here.
+
+    The master, the worker, the driver and the executor all run with
+    ``TZ=America/New_York`` (so the JVMs' default zone is New York), as the
+    local run does. The cluster is stopped before the tests look at anything.
+    """
+    from tests.analytics.standalone import StandaloneCluster
+
+    root = tmp_path_factory.mktemp("standalone")
+    cluster = StandaloneCluster(root, extra_env={"TZ": "America/New_York"})
+    try:
+        cluster.start()
+        listening = cluster.listening()
+        proc = cluster.submit(hand_archive, root / "report")
+        master, worker = cluster.master_state() or {}, cluster.worker_state() or {}
+    finally:
+        left = cluster.stop()
+    return StandaloneRun(proc, root / "report", listening, master, worker, left, root)
 
 
 @pytest.fixture(scope="session")

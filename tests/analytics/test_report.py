@@ -172,3 +172,23 @@ def test_report_of_an_archive_with_nothing_exported_yet(spark, tmp_path):
     assert report["replay_plan"]["counts"] == {"in_dlq": 0, "matched": 0, "excluded_poison": 0, "selected": 0}
     assert load_plan(str(tmp_path / "out")).entries == ()
     assert (tmp_path / "out" / "report.html").read_text().count("data:image/png;base64,") == 6
+
+
+def test_an_archive_holding_some_events_twice_is_reported_once(spark, hand_archive, tmp_path):
+    """Copies of exported files (an export written twice) change nothing: the archive is deduplicated on event_id."""
+    import shutil
+
+    from celery_dlq.analytics.report import run_report
+
+    archive = tmp_path / "archive"
+    shutil.copytree(hand_archive, archive)
+    files = sorted((archive / "events").rglob("*.parquet"))
+    for path in files[::2]:
+        shutil.copy(path, path.with_name("copy-" + path.name))
+    assert len(list((archive / "events").rglob("*.parquet"))) > len(files)
+    report = run_report(spark, ReportOptions(str(archive), str(tmp_path / "out"), as_of=AS_OF))
+    assert report["events"]["total"] == 13 and report["dead_letters"]["total"] == 6
+    assert [(r["task_name"], r["redelivered"], r["succeeded_after_redelivery"]) for r in report["redelivery"]] == [
+        ("shop.charge", 2, 1), ("shop.refund", 0, 0), ("shop.send_receipt", 0, 0)]
+    assert report["replay_plan"]["counts"] == {"in_dlq": 5, "matched": 5, "excluded_poison": 2, "selected": 3}
+    assert report["time_to_dead_letter"]["count"] == 6 and report["poison_payloads"]["count"] == 1

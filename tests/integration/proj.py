@@ -96,6 +96,16 @@ def always_fails(self, n=0):
     raise ValueError(f"always fails #{n}")
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.charge",
+          redelivery_policy={"redelivery_delay": 0.05, "max_delivery_attempts": 2})
+def charge(self, n=0, kind="key"):
+    """Two failures of one task, numbers varying in their messages (the failure groups' tests)."""
+    record(self)
+    if kind == "key":
+        raise KeyError(f"user_{n}")
+    raise ValueError(f"card {n} declined after {n * 7} ms")
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.not_retryable",
           redelivery_policy={"redelivery_delay": 0.1, "dead_letter_on": (KeyError,)})
 def not_retryable(self):

@@ -115,7 +115,6 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         wait_for(lambda: driver.find_elements(By.ID, "queues"), message="the overview")
         overview = driver.find_element(By.ID, "queues").text
         assert re.search(rf"{re.escape(dlq)} {harness.queue} 5 1 \d+s ago", overview), overview
-        driver.save_screenshot(str(shot_dir(tmp_path) / "web-overview.png"))
 
         click(driver, driver.find_element(By.LINK_TEXT, dlq))
         assert sorted(rows(driver)) == sorted([(i, "proj.fixed_by_flag") for i in fixed]
@@ -162,6 +161,9 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         click(driver, driver.find_element(By.LINK_TEXT, "Parked retries"))
         (retry,) = driver.find_elements(By.CSS_SELECTOR, "tr.retry")
         assert retry.get_attribute("data-task-id") == parked and "in 59m" in retry.text
+        due = {cell.get_attribute("data-bucket"): cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "#due td")}
+        assert due["15-60 min"] == "1" and sum(map(int, due.values())) == 1   # the histogram of due times
+        driver.save_screenshot(str(shot_dir(tmp_path) / "web-parked.png"))
         click(driver, retry.find_element(By.CSS_SELECTOR, "button.redeliver"))
         assert "Due now" in driver.find_element(By.ID, "result").text
         # proj.park_long fails again on its 2nd (last) delivery: redelivered now, it is dead-lettered now.
@@ -171,6 +173,85 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         driver.get(server.url + "/parked")
         assert driver.find_elements(By.CSS_SELECTOR, "tr.retry") == []
         assert PASSWORD not in server.log()
+    finally:
+        server.stop()
+
+
+def test_overview_groups_failures_charts_them_and_replays_one_group_in_a_browser(harness, browser, tmp_path):
+    """Three failures (two tasks, one with two exception types, numbers varying): three groups, the charts'
+    totals, and "replay this group" moving exactly that group's letters (asserted in Redis)."""
+    from selenium.webdriver.common.by import By
+
+    q, dlq = harness.queue, f"DLQ.{harness.queue}"
+    worker = harness.worker()
+    keys = [harness.send("proj.charge", args=(n * 11, "key")).id for n in range(4)]       # KeyError('user_<n>')
+    declined = [harness.send("proj.charge", args=(n * 13, "value")).id for n in range(3)]  # ValueError(card <n> ...)
+    failing = [harness.send("proj.always_fails", args=(n * 17,)).id for n in range(2)]     # ValueError(#<n>)
+    harness.wait_until(lambda: len(harness.dead_letters()) == 9, timeout=60, message="9 dead letters")
+    worker.stop()   # nothing consumes the queue now: what a replay moves stays there to be counted
+    server = WebServer(harness, "--refresh", "1")
+    try:
+        driver = browser
+        driver.get(server.url + "/login")
+        driver.find_element(By.ID, "user").send_keys(USER)
+        driver.find_element(By.ID, "password").send_keys(PASSWORD)
+        click(driver, driver.find_element(By.ID, "login"))
+        groups = {tr.find_element(By.TAG_NAME, "strong").text + " " + tr.find_element(By.TAG_NAME, "code").text:
+                  (tr.get_attribute("data-group"), int(tr.get_attribute("data-count")))
+                  for tr in driver.find_elements(By.CSS_SELECTOR, "tr.group")}
+        assert {name: n for name, (_, n) in groups.items()} == {
+            "proj.charge KeyError": 4, "proj.charge ValueError": 3, "proj.always_fails ValueError": 2}
+        assert driver.find_elements(By.CSS_SELECTOR, "p.ungrouped") == []
+
+        # The charts: dead-lettered 9; parked and redelivered once per charge (2 attempts), twice per
+        # always_fails (3 attempts). Totals from the section, the SVG bars and the table agree.
+        expected = {"dead_lettered": 9, "parked": 4 + 3 + 2 * 2, "redelivered": 4 + 3 + 2 * 2}
+        for kind, total in expected.items():
+            section = driver.find_element(By.ID, f"trend-{kind}")
+            assert int(section.get_attribute("data-hour-total")) == total == int(section.get_attribute("data-week-total"))
+            for svg in section.find_elements(By.TAG_NAME, "svg"):
+                bars = [int(rect.get_attribute("data-value")) for rect in svg.find_elements(By.TAG_NAME, "rect")]
+                assert sum(bars) == total and len(bars) in (60, 168)
+            row = section.find_element(By.CSS_SELECTOR, f'tr[data-queue="{q}"]').text.split()
+            assert row[-2:] == [str(total), str(total)]
+        reasons = driver.find_element(By.ID, "trend-dead_lettered").find_element(
+            By.CSS_SELECTOR, 'tr[data-reason="max_delivery_attempts"]').text
+        assert reasons.split()[-2:] == ["9", "9"]
+        driver.set_window_size(1280, 2100)
+        driver.save_screenshot(str(shot_dir(tmp_path) / "web-overview.png"))
+        driver.set_window_size(1280, 860)
+
+        gid, count = groups["proj.charge KeyError"]
+        row = driver.find_element(By.CSS_SELECTOR, f'tr.group[data-group="{gid}"]')
+        click(driver, row.find_element(By.CSS_SELECTOR, "a.group-link"))
+        assert sorted(tr.get_attribute("data-task-id") for tr in driver.find_elements(By.CSS_SELECTOR, "tr.letter")) \
+            == sorted(keys)
+        driver.get(server.url + "/")
+        row = driver.find_element(By.CSS_SELECTOR, f'tr.group[data-group="{gid}"]')
+        click(driver, row.find_element(By.CSS_SELECTOR, "a.replay-group"))
+        assert "4 dead letters to their original queue" in driver.find_element(By.ID, "count").text
+        click(driver, driver.find_element(By.ID, "confirm"))
+        result = wait_for(lambda: driver.find_elements(By.ID, "result"), message="the replay's result")[0]
+        assert (result.get_attribute("data-done"), result.get_attribute("data-missing")) == ("4", "0")
+
+        replayed = [json.loads(raw)["headers"]["id"] for raw in harness.redis.lrange(q, 0, -1)]
+        assert sorted(replayed) == sorted(keys)   # exactly the group: each once, nothing else
+        assert sorted(m["headers"]["id"] for m in harness.dead_letters()) == sorted(declined + failing)
+        driver.get(server.url + "/")
+        left = {tr.get_attribute("data-group"): int(tr.get_attribute("data-count"))
+                for tr in driver.find_elements(By.CSS_SELECTOR, "tr.group")}
+        assert left == {groups["proj.charge ValueError"][0]: 3, groups["proj.always_fails ValueError"][0]: 2}
+
+        # The figures refresh in place (a same-origin fetch of /api/overview), not by reloading the page.
+        page = driver.find_element(By.TAG_NAME, "html")
+        stat = driver.find_element(By.CSS_SELECTOR, '[data-stat="dead_letters_now"]')
+        assert stat.text == "5" and "in DLQs now" in driver.find_element(By.ID, "stats").text
+        gone = harness.dlq("purge", q, "--task", "proj.always_fails", "--force")
+        assert gone.returncode == 0, gone.stderr
+        wait_for(lambda: stat.text == "3", timeout=15, message="the in-place refresh", log=server.log())
+        failing_gid = groups["proj.always_fails ValueError"][0]
+        assert driver.find_element(By.CSS_SELECTOR, f'[data-group-count="{failing_gid}"]').text == "0"
+        assert page.is_displayed() and driver.find_element(By.TAG_NAME, "html") == page   # the same document
     finally:
         server.stop()
 

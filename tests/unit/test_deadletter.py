@@ -29,9 +29,9 @@ def setup(redis_server, unique):
     client.close()
 
 
-def letterer_for(app, client, keys):
+def letterer_for(app, client, keys, redis_url=None):
     store = ShardedStore(client, Shards(keys.prefix, keys.global_keyprefix), events_max_length=100_000)
-    return DeadLetterer(app, client, store, audit_ttl=60, redis_url=app.conf.broker_url)
+    return DeadLetterer(app, client, store, audit_ttl=60, redis_url=redis_url or app.conf.broker_url)
 
 
 FAILURE = {"type": "ValueError", "message": "boom", "traceback": "Traceback..."}
@@ -106,9 +106,10 @@ def test_a_raising_signal_receiver_loses_nothing(setup, caplog):
 
 def test_broker_failure_raises_and_leaves_audit_pending(setup):
     app, client, keys, envelope = setup
+    store_url = app.conf.broker_url   # the store (client) stays up
     app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens there
     app.conf.broker_connection_max_retries = 1
-    letterer = letterer_for(app, client, keys)
+    letterer = letterer_for(app, client, keys, redis_url=store_url)
     with pytest.raises(Exception):
         dead_letter(letterer, envelope)
     assert client.get(keys.audit(envelope.task_id, 3)) == b"pending"

@@ -202,13 +202,14 @@ def test_overview_shows_each_dlq_depth_queue_parked_oldest_age_and_counters(app,
     app.conf.broker_url = "redis://:hunter2@127.0.0.1:1/0"
     web = create_app(app, basic_auth=["alice:wonder"], refresh=7, operator=op)
     html = client(web).get("/").text
-    rows = re.findall(r'<a href="/dlq/([^"]+)">[^<]+</a></td>\s*<td>([^<]+)</td>\s*<td class="num">(\d+)</td>'
+    rows = re.findall(r'<a href="/dlq/([^"]+)">[^<]+</a></td>\s*<td>([^<]+)</td>\s*<td class="num"[^>]*>(\d+)</td>'
                       r'\s*<td class="num">(?:<a [^>]+>)?(\d+)', html)
     assert sorted(rows) == [("DLQ.mail", "mail", "1", "0"), ("DLQ.orders", "orders", "3", "1")]
     assert re.search(r"DLQ.orders.*?<td>\d{3,}d( \d+[hms])? ago</td>", html, re.S)  # the oldest: T0, in 2023
-    assert "<th>dead_letters_now</th><td class=\"num\">4</td>" in html
-    assert "<th>parked_now</th><td class=\"num\">1</td>" in html
-    assert 'http-equiv="refresh" content="7"' in html
+    assert '<span class="hint">dead_letters_now</span></th><td class="num" data-stat="dead_letters_now">4</td>' in html
+    assert '<span class="hint">parked_now</span></th><td class="num" data-stat="parked_now">1</td>' in html
+    assert '<noscript><meta http-equiv="refresh" content="7"></noscript>' in html   # without JavaScript
+    assert 'id="refresh" data-url="/api/overview" data-every="7"' in html and "/static/refresh.js" in html
     assert "hunter2" not in html and "redis://:**@127.0.0.1:1/0" in html
 
 

@@ -1,4 +1,5 @@
--- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats).
+-- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats and of a
+-- DLQ's failure-group index).
 --
 -- A parked payload is one of:
 --   publish format: JSON {"v": 1, "body": <base64>, ...} (Envelope.dumps); its queue is in the `queues`
@@ -50,3 +51,66 @@ local function forget_entry(delayed_key, queues_key, parked_key, expiries_key, i
     end
 end
 
+
+-- A ring slot: FIELD holds "<stamp>:<count>"; a slot last written for another stamp starts again at n.
+-- So a ring of N slots keeps the last N minutes or hours in N fields, whatever the traffic.
+local function ring_add(key, field, stamp, n)
+    local seen = redis.call('HGET', key, field)
+    local count = n
+    if seen then
+        local colon = string.find(seen, ':', 1, true)
+        if colon and tonumber(string.sub(seen, 1, colon - 1)) == stamp then
+            count = (tonumber(string.sub(seen, colon + 1)) or 0) + n
+        end
+    end
+    redis.call('HSET', key, field, stamp .. ':' .. count)
+end
+
+-- Trends (HASH Keys.trends; redis/trends.py reads it): BASE ("<kind>|queue|<name>", "<kind>|reason|<name>")
+-- counted in minute MINUTE (60 slots: the last hour) and hour MINUTE // 60 (168 slots: the last week).
+local function trend_add(key, base, minute, n)
+    local hour = math.floor(minute / 60)
+    ring_add(key, base .. '|m' .. (minute % 60), minute, n)
+    ring_add(key, base .. '|h' .. (hour % 168), hour, n)
+end
+
+-- A DLQ's failure groups (HASH, QueueLists.groups; redis/groups.py reads it). Fields, for group id G:
+--   n:G            dead letters of G in the DLQ now
+--   first:G last:G earliest and latest x-dlq-dead-lettered-at (unix s) of arrivals since G was last empty
+--   r:G:<reason>   dead letters of G now, by reason
+--   m:G            JSON written by the dead-letterer: task, exception type, title, sample (the latest arrival)
+--   h:G:<0..23>    "<unix hour>:<arrivals in that hour>", a ring of the last 24 hours (the sparkline)
+-- A letter without a group id ('': written by something else, or before groups existed) is not counted.
+local function group_add(key, gid, reason, at, hour, meta)
+    if gid == '' then
+        return
+    end
+    if redis.call('HINCRBY', key, 'n:' .. gid, 1) == 1 then
+        redis.call('HSET', key, 'first:' .. gid, at)
+    end
+    local last = tonumber(redis.call('HGET', key, 'last:' .. gid) or '0') or 0
+    if (tonumber(at) or 0) >= last then
+        redis.call('HSET', key, 'last:' .. gid, at)
+    end
+    redis.call('HSET', key, 'm:' .. gid, meta)
+    redis.call('HINCRBY', key, 'r:' .. gid .. ':' .. reason, 1)
+    ring_add(key, 'h:' .. gid .. ':' .. (tonumber(hour) % 24), tonumber(hour), 1)
+end
+
+local function group_remove(key, gid, reason)
+    if gid == '' then
+        return
+    end
+    local rfield = 'r:' .. gid .. ':' .. reason
+    if redis.call('HINCRBY', key, rfield, -1) <= 0 then
+        redis.call('HDEL', key, rfield)
+    end
+    if redis.call('HINCRBY', key, 'n:' .. gid, -1) <= 0 then
+        for _, field in ipairs({'n:', 'first:', 'last:', 'm:'}) do
+            redis.call('HDEL', key, field .. gid)
+        end
+        for slot = 0, 23 do
+            redis.call('HDEL', key, 'h:' .. gid .. ':' .. slot)
+        end
+    end
+end

@@ -9,9 +9,10 @@
 -- KEYS[7] = events    (STREAM) the archive: the `parked` event is appended here
 -- KEYS[8] = metrics   (HASH) the exporter's counters: ARGV[7] is raised by one per park
 -- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
--- KEYS[10] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
--- KEYS[11] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
--- KEYS[12] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
+-- KEYS[10] = trends   (HASH) parks per minute and hour of ARGV[3]'s queue (lib.lua, trend_add; ARGV[9])
+-- KEYS[11] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
+-- KEYS[12] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
+-- KEYS[13] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -24,7 +25,8 @@
 -- ARGV[7] = the metrics field this park raises (parked_total with its labels; "" for none)
 -- ARGV[8] = when the message expires (ms; Celery's `expires`), "" when it never does: the mover
 --           dead-letters an entry whose expiry passed instead of moving it
--- ARGV[9], ARGV[10], ... = the event's field, value pairs
+-- ARGV[9] = the unix minute of the park (the trends' bucket)
+-- ARGV[10], ARGV[11], ... = the event's field, value pairs
 --
 -- Returns 3 when ARGV[6] names a message that is no longer unacknowledged and nothing is parked,
 -- 0 when entry_id is already parked or leased (nothing changes: a
@@ -35,9 +37,9 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    local held = redis.call('HDEL', KEYS[10], ARGV[6])
-    redis.call('ZREM', KEYS[11], ARGV[6])
-    redis.call('SREM', KEYS[12], ARGV[6])
+    local held = redis.call('HDEL', KEYS[11], ARGV[6])
+    redis.call('ZREM', KEYS[12], ARGV[6])
+    redis.call('SREM', KEYS[13], ARGV[6])
     if held == 0 and not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
             or redis.call('HEXISTS', KEYS[3], id) == 1) then
         -- The consumed message is no longer unacknowledged: restored to its queue (visibility timeout, a
@@ -63,9 +65,10 @@ redis.call('HINCRBY', KEYS[6], 'parked', 1)
 if ARGV[7] and ARGV[7] ~= '' then
     redis.call('HINCRBY', KEYS[8], ARGV[7], 1)
 end
-if tonumber(ARGV[5]) > 0 and #ARGV > 9 then
+trend_add(KEYS[10], 'parked|queue|' .. ARGV[3], tonumber(ARGV[9]), 1)
+if tonumber(ARGV[5]) > 0 and #ARGV > 10 then
     local event = {}
-    for i = 9, #ARGV do
+    for i = 10, #ARGV do
         event[#event + 1] = ARGV[i]
     end
     local ok = redis.pcall('XADD', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', unpack(event))
