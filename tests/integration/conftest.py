@@ -30,6 +30,8 @@ class Worker:
 
     #: Worker options after the fixed ones (a test that needs events passes ``("-E",)`` with heartbeats on).
     options: tuple[str, ...] = ("--without-heartbeat", "--without-mingle", "--without-gossip")
+    #: The app module given to ``-A`` (tests/contract/proj.py adds tasks of its own to this one's).
+    app: str = "tests.integration.proj"
 
     def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None,
                  cwd: Path = ROOT):
@@ -44,7 +46,7 @@ class Worker:
     def start(self, wait_ready: bool = True) -> "Worker":
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "worker",
+            [sys.executable, "-m", "celery", "-A", self.app, "worker",
              "-P", "prefork", "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
              "-n", f"{self.name}@%h", *self.options, "-l", "INFO"],
             cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -88,6 +90,8 @@ class Harness:
         self.tmp_path = tmp_path
         self.redis = redis.Redis.from_url(self.broker)
         self.workers: list[Worker] = []
+        #: What :meth:`worker` starts (a subclass runs another app module).
+        self.worker_cls: type[Worker] = Worker
         self.extra_env: dict[str, str] = {}
         self.app = Celery("client", broker=self.broker, set_as_current=False)
         self.app.conf.task_default_queue = self.queue
@@ -102,7 +106,7 @@ class Harness:
 
     def worker(self, concurrency: int = 2, name: str | None = None, wait_ready: bool = True, **env) -> Worker:
         name = name or f"w{len(self.workers) + 1}"
-        worker = Worker(self.env(**env), concurrency, name, self.tmp_path / f"{name}.log")
+        worker = self.worker_cls(self.env(**env), concurrency, name, self.tmp_path / f"{name}.log")
         self.workers.append(worker)
         return worker.start(wait_ready)
 
