@@ -78,4 +78,15 @@ fi
 
 # Two pytest-xdist workers (tests/conftest.py keeps the Spark tests on one and
 # starts the slow ones first); PYTEST_WORKERS=0 runs in one process.
-exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+set +e
+.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+rc=$?
+set -e
+if [ "$rc" -ne 0 ] || [ "$#" -gt 0 ] || [ "${CONTRACT:-1}" = 0 ]; then
+    exit "$rc"
+fi
+
+# The version matrix's CI diagonal (noxfile.py, docs/versions.md): the built wheel's contract suite on every
+# supported Celery minor and Python. Run after a full pytest run only (extra pytest arguments or CONTRACT=0
+# skip it).
+exec bash scripts/contract.sh
