@@ -174,34 +174,39 @@ class MoverThread(threading.Thread):
         return published + (self._dead_letter_expired(shard, expired) if expired else 0)
 
     def _publish_due(self, shard: Shard, due: list) -> int:
-        """Publish the entries, then ack the batch in one call; on a failure give them back and raise.
+        """Publish the entries, then ack them in one call; on a failure give back what was not sent and raise.
 
         Where kombu offers publish batches (``Producer.batch``, kombu >= 5.7;
         on Redis one pipeline per batch instead of a round trip per message)
-        the whole batch is sent at once: either every message was handed to
-        the broker or, on an error, none is counted as published and every
-        entry is released. Acking after the batch costs one round trip; a
-        mover that dies mid-batch leaves its entries leased, so they are
-        delivered again when the lease expires (at least once, never lost).
-        Released entries come due again after a back-off, not at once, so a
-        broker outage does not turn the mover into a busy loop.
+        the batch goes to the broker whole when the block ends, or not at all.
+        Without them (kombu < 5.7) each message is sent as it is published, as
+        is a direct-format entry's LPUSH: on an error, what was already sent is
+        acked and counted and only the rest is released, so nothing is
+        published twice. A mover that dies mid-batch leaves its entries leased:
+        they are delivered again when the lease expires (at least once, never
+        lost). Released entries come due again after a back-off, not at once,
+        so a broker outage does not turn the mover into a busy loop.
         """
-        published: list[Envelope] = []
+        sent: list[tuple[Any, Envelope]] = []
         try:
             with self.app.producer_or_acquire() as producer:
+                batched = getattr(producer, "batch", None) is not None
                 with _batch(producer, len(due)):
                     for entry, envelope in due:
-                        self._publish_one(producer, entry.payload, envelope)
-                published = [envelope for _, envelope in due]
+                        if self._publish_one(producer, entry.payload, envelope) or not batched:
+                            sent.append((entry, envelope))   # on the broker already
+                sent = list(due)
         except Exception:
-            self._release(shard, [entry for entry, _ in due])
+            gone = {id(entry) for entry, _ in sent}
+            self._release(shard, [entry for entry, _ in due if id(entry) not in gone])
             raise
         finally:
-            if published:
-                shard.store.ack_many([entry for entry, _ in due], Stat.REDELIVERED, len(published))
+            if sent:
+                published = [envelope for _, envelope in sent]
+                shard.store.ack_many([entry for entry, _ in sent], Stat.REDELIVERED, len(published))
                 self._count(shard, published)
                 shard.archive.redelivered(published)
-        return len(published)
+        return len(sent)
 
     def _dead_letter_expired(self, shard: Shard, expired: list) -> int:
         """Dead-letter (or drop) entries whose message expired while parked, then ack them; on a failure
@@ -268,13 +273,15 @@ class MoverThread(threading.Thread):
         except Exception:
             logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))
 
-    def _publish_one(self, producer: Any, payload: bytes, envelope: Envelope) -> None:
-        """Publish one parked payload; a direct-format one goes onto its list as it is (on the broker's Redis)."""
+    def _publish_one(self, producer: Any, payload: bytes, envelope: Envelope) -> bool:
+        """Publish one parked payload; a direct-format one goes onto its list as it is (on the broker's Redis),
+        at once: True then."""
         direct = DirectPayload.loads(payload)
         if direct is None:
             envelope.publish(producer)
-        else:
-            self.runtime.broker.lpush(direct.dest, direct.element)
+            return False
+        self.runtime.broker.lpush(direct.dest, direct.element)
+        return True
 
 
 def _envelope_of(payload: bytes) -> Envelope:
