@@ -19,9 +19,12 @@ from collections import Counter, defaultdict
 import pytest
 
 from celery_dlq import headers as H
-from tests.contract.proj import TRACED
 from tests.integration.test_exporter import ExporterProcess, ops_env
 from tests.processes import ServerProcess
+
+#: tests/contract/proj.py's traced task. Not imported from there: importing the worker app in the test
+#: process would register its shared tasks (and celery-dlq's bootsteps) on every app made afterwards.
+TRACED = "contract.traced"
 
 pytestmark = [pytest.mark.contract, pytest.mark.integration, pytest.mark.xdist_group("contract-worker")]
 
