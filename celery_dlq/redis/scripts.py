@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "reject_invalid",
     "release_quarantine",
     "move_due",
+    "mover_lease",
 )
 #: Prepended to every script: the parked payload formats (``lua/lib.lua``).
 PRELUDE = "lib"
