@@ -88,7 +88,8 @@ def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
     from celery_dlq.redis.store import to_ms
 
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
+            dlq.keys.due_wake]
     due = to_ms(time.time() - 1)
     expiry = to_ms(time.time() + 86400) if expires else ""
     for start in range(0, n, PARK_CHUNK):

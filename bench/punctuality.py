@@ -47,7 +47,8 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
     direct = DirectPayload.loads(payload)
     doc = json.loads(direct.element)
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
+            dlq.keys.due_wake]
     pipe = dlq.client.pipeline(transaction=False)
     for i in range(n):
         due = start + i / RATE

@@ -86,14 +86,15 @@ class MoverThread(threading.Thread):
                 if not turns.take_turn():
                     continue
                 if turns.due():
+                    started = time.monotonic()
                     self.move_due()
                     self.runtime.counters.flush()
-                    turns.passed()
+                    turns.passed(started)
                 turns.wait_for_due(self.runtime.sharded.next_due, len(self.runtime.sharded.all) == 1)
                 wait = 0.0
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
-                turns.passed()
+                turns.passed(time.monotonic())
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
                                  self.runtime.settings.safe_redis_url, wait)
                 self._stop_event.wait(wait)

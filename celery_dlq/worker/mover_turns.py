@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Block on the marker until this long before the due time, then sleep locally (seconds).
 EARLY = 0.2
+#: The shortest time between the starts of two passes (seconds): under a steady stream of due entries
+#: (each with its own due time) at most 50 passes a second, each moving everything due by then.
+MIN_GAP = 0.02
 #: The longest local sleep between two flushes of the delivery counters of acknowledged messages (seconds).
 SLICE = 1.0
 
@@ -54,6 +57,7 @@ class MoverTurns:
         self.standby_until = 0.0   # monotonic: when the standby renews its place
         self.soonest: float | None = None   # unix seconds: the earliest due time, as of the last look
         self.fresh = False         # whether ``soonest`` still holds (no pass, no wake-up since)
+        self.passed_at = 0.0       # monotonic: when the last pass started
         #: True while the holder blocks on the marker (a stopping worker then writes it).
         self.blocking = False
 
@@ -95,17 +99,19 @@ class MoverTurns:
         """Whether the holder should make a pass now (the earliest due time is unknown or has come)."""
         return not self.fresh or (self.soonest is not None and self.soonest <= time.time() + 0.001)
 
-    def passed(self) -> None:
-        """A pass ended: the earliest due time is to be looked up again."""
-        self.fresh = False
+    def passed(self, started: float) -> None:
+        """A pass that began at ``started`` (monotonic) ended: the earliest due time is to be looked up again."""
+        self.fresh, self.passed_at = False, started
 
     def wait_for_due(self, next_due: Callable[[], float | None], can_block: bool) -> None:
         """The holder's wait between passes: returns when an entry is due or the lease is to be renewed."""
         while not self.stop.is_set():
             if not self.fresh:
                 self.soonest, self.fresh = next_due(), True
-            renew_in = self.renew_at - time.monotonic()
-            wait = renew_in if self.soonest is None else min(renew_in, self.soonest - time.time())
+            now = time.monotonic()
+            renew_in = self.renew_at - now
+            wait = renew_in if self.soonest is None else min(renew_in, max(self.soonest - time.time(),
+                                                                           self.passed_at + MIN_GAP - now))
             if wait <= 0:
                 return
             if not can_block:
