@@ -52,8 +52,13 @@ class MoverLease:
 
     @property
     def standby_ttl(self) -> float:
-        """How long the standby's place outlives its last renewal (seconds): three leases."""
-        return 3 * self.lease
+        """How long the standby's place outlives its last renewal (seconds): six leases."""
+        return 6 * self.lease
+
+    def keep_place(self) -> None:
+        """Renew the standby's place (one ``PEXPIRE``; should another worker hold it meanwhile, its place is
+        renewed instead, which does no harm: the next try sorts the roles out)."""
+        self.client.pexpire(self.keys.mover_standby, to_ms(self.standby_ttl))
 
     def try_turn(self, counted_for: float) -> Turn:
         """Take or renew the lease, else the standby's place, else count this mover for ``counted_for`` seconds."""

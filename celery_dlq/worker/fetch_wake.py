@@ -3,8 +3,10 @@
 The fetch (:mod:`celery_dlq.worker.transport`) pops and records in one
 script, and a script cannot block. Redis has no blocking wait over several
 lists that takes nothing, so an idle channel blocks instead on a key of its
-own (``BZPOPMIN <fetch wake key> <dlq_fetch_wait>``, one command a second
-at rest, as kombu's ``BRPOP``) and a :class:`Waker` thread listens to the
+own (``BZPOPMIN <fetch wake key> 5``, or ``dlq_fetch_wait`` if longer:
+nothing ends the wait but the token below, so its timeout is only a safety
+net; one command per 5 s at rest,
+where kombu's ``BRPOP`` sends one a second) and a :class:`Waker` thread listens to the
 server's keyspace notifications (``__keyspace@<db>__:<list>``) of every
 list the channel watches (each queue, each priority sub-list). When one of
 them is pushed to while the channel waits, the thread writes the token the
@@ -44,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: Keyspace events of a list that can make it non-empty (a pop, a trim or a delete cannot).
 PUSH_EVENTS = frozenset({b"lpush", b"rpush", b"linsert", b"lset", b"restore", b"rename_to", b"copy_to"})
+#: The idle wait where notifications wake it (seconds): only a safety net, so five times kombu's BRPOP timeout.
+NOTIFIED_WAIT = 5.0
 #: How long an unused wake token outlives its write (ms): a token of a channel that died goes away.
 TOKEN_TTL_MS = 60_000
 

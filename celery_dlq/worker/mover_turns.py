@@ -11,16 +11,18 @@ lease (:class:`~celery_dlq.redis.lease.MoverLease`) moves:
   are slept locally. It renews the lease when half of it is spent.
 * **The standby** reads the lease's time to live (one ``PTTL``) and sleeps
   until then; when the lease has expired (the holder died or stalled) it
-  takes it over in the same try.
+  takes it over in the same try. It renews its own place (six leases long)
+  every two leases.
 * **Every other worker** counts itself in the store and tries again after
-  ``dlq_mover_lease`` x (how many count) x U(0.5, 1.5) seconds, so all of
-  them together try about once per lease, however many they are.
+  6 x ``dlq_mover_lease`` x (how many count) x U(0.5, 1.5) seconds, so all of
+  them together try about once per six leases, however many they are: only
+  to replace a standby that died.
 
 Takeover: when the holder dies, its lease expires at most ``dlq_mover_lease``
 seconds after its last renewal, and the standby takes it over then (plus a
 round trip) and moves at once. Only when the standby died too does it take
-longer: its place expires after three leases, and another worker takes it
-at its next try. With several shards the holder cannot block on one marker
+longer: its place expires at most six leases after its last renewal, and
+another worker takes it at its next try (about six leases later on average). With several shards the holder cannot block on one marker
 (a Redis Cluster forbids keys of several slots in one command) and looks
 every ``dlq_mover_interval`` instead, as before; still only one worker does.
 """
@@ -41,6 +43,8 @@ EARLY = 0.2
 #: The shortest time between the starts of two passes (seconds): under a steady stream of due entries
 #: (each with its own due time) at most 50 passes a second, each moving everything due by then.
 MIN_GAP = 0.02
+#: Together the other movers try about once per this many leases (only to replace a standby that died).
+OTHERS_EVERY = 6
 #: The longest local sleep between two flushes of the delivery counters of acknowledged messages (seconds).
 SLICE = 1.0
 
@@ -70,12 +74,15 @@ class MoverTurns:
         now = time.monotonic()
         if self.role is Role.HOLDER and now < self.renew_at:
             return True
-        if self.role is Role.STANDBY and now < self.standby_until:
+        if self.role is Role.STANDBY:
+            if now >= self.standby_until:
+                self.lease.keep_place()
+                self.standby_until = now + 2 * self.ttl
             left = self.lease.remaining()
             if left > 0:
-                self._sleep(min(left + 0.005, self.standby_until - now))
+                self._sleep(left + 0.005)
                 return False
-        turn = self.lease.try_turn(counted_for=3 * self._other_wait(1.5) + self.ttl)
+        turn = self.lease.try_turn(counted_for=2 * self._other_wait(1.5) + self.ttl)
         was, self.role = self.role, turn.role
         if turn.role is Role.HOLDER:
             self.renew_at = now + self.ttl / 2
@@ -86,14 +93,14 @@ class MoverTurns:
         if was is Role.HOLDER:
             logger.warning("celery-dlq mover: lost the mover lease (renewed too late); another worker moves")
         if turn.role is Role.STANDBY:
-            self.standby_until = now + self.ttl
+            self.standby_until = now + 2 * self.ttl
             return False
         self.others = max(1, turn.others)
         self._sleep(self._other_wait(0.5 + self.rng()))
         return False
 
     def _other_wait(self, factor: float) -> float:
-        return self.ttl * self.others * factor
+        return OTHERS_EVERY * self.ttl * self.others * factor
 
     def due(self) -> bool:
         """Whether the holder should make a pass now (the earliest due time is unknown or has come)."""

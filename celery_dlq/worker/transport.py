@@ -62,7 +62,7 @@ from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
-from celery_dlq.worker.fetch_wake import Waker, log_mode_once, notifications_on
+from celery_dlq.worker.fetch_wake import NOTIFIED_WAIT, Waker, log_mode_once, notifications_on
 from celery_dlq.worker.transport_setup import OPTION_NOTIFY, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class Channel(kombu_redis.Channel):
             return
         if self._dlq_idle and waker.begin_wait():   # a push to any list ends the wait (fetch_wake.py)
             self._dlq_sent = ("BZPOPMIN", keys)
-            connection.send_command("BZPOPMIN", self._dlq_wake_key, self._dlq_wait)
+            connection.send_command("BZPOPMIN", self._dlq_wake_key, max(NOTIFIED_WAIT, self._dlq_wait))
             return
         if waker is not None:
             waker.begin_fetch()
