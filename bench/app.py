@@ -74,6 +74,12 @@ def noop(i=0):
     return None
 
 
+@app.task(base=Base, name="bench.ok")
+def ok(i=0):
+    """The success path of bench/failure_path.py: one attempt that counts itself."""
+    client().incr(DONE_KEY)
+
+
 @app.task(base=Base, name="bench.stamp")
 def stamp(sent_at):
     """How long a message took from its publish (``sent_at``, unix seconds) to its task (bench/scale.py)."""
