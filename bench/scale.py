@@ -209,7 +209,8 @@ def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: i
     return {"seconds": seconds, "done": int(client.get(done_key) or 0), "mover_cmds_s": monitor.count / seconds,
             "mover_by": {k: v / seconds for k, v in sorted(monitor.by.items(), key=lambda kv: -kv[1])[:8]},
             "total_cmds_s": sum(rates(before, after, 1, exclude=("info", "monitor"))[2].values()),
-            "late_p50_ms": pct(late, 50) * 1000 if late else None, "late_p99_ms": pct(late, 99) * 1000 if late else None,
+            "late_p50_ms": pct(late, 50) * 1000 if late else None,
+            "late_p99_ms": pct(late, 99) * 1000 if late else None,
             "late_max_ms": max(late) * 1000 if late else None, "moves": len(late)}
 
 

@@ -65,7 +65,7 @@ class MoverLease:
         return self._run(counted_for)
 
     def release(self) -> None:
-        """Give up the lease and the standby's place (a stopping worker), so another takes over at once."""
+        """Give up the lease and the standby's place (a stopping worker): no waiting for them to expire."""
         self._run(0.0, release=True)
 
     def remaining(self) -> float:

@@ -77,7 +77,7 @@ class MoverThread(threading.Thread):
         due time after each pass, and a park of an earlier one wakes it), so a
         message's lateness is about a pass's own time; everyone else waits
         its turn. After a Redis error the wait backs off. On a warm stop the
-        lease is given up, so another worker takes over at once.
+        lease is deleted, so the standby takes over when its wait ends, not a whole lease later.
         """
         wait = 0.0
         turns = self.turns

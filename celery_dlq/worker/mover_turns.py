@@ -22,7 +22,8 @@ Takeover: when the holder dies, its lease expires at most ``dlq_mover_lease``
 seconds after its last renewal, and the standby takes it over then (plus a
 round trip) and moves at once. Only when the standby died too does it take
 longer: its place expires at most six leases after its last renewal, and
-another worker takes it at its next try (about six leases later on average). With several shards the holder cannot block on one marker
+another worker takes it at its next try (about six leases later on average).
+With several shards the holder cannot block on one marker
 (a Redis Cluster forbids keys of several slots in one command) and looks
 every ``dlq_mover_interval`` instead, as before; still only one worker does.
 """
@@ -151,7 +152,7 @@ class MoverTurns:
             self.lease.wake()
 
     def release(self) -> None:
-        """Give the lease (or the standby's place) up, so another worker takes over at once."""
+        """Give the lease (or the standby's place) up, so another worker takes over without waiting for it to expire."""
         if self.role in (Role.HOLDER, Role.STANDBY):
             self.lease.release()
         self.role = Role.OTHER
