@@ -26,6 +26,9 @@ interleaved by construction. Reported, medians over the rounds (and min-max):
    HGETALL of the parked counts, its redelivered_total increments); the
    lateness of each redelivery is the mover's move time minus the entry's
    due time, from the archive's ``parked`` and ``redelivered`` events.
+4. **At rest** (the notified celery-dlq side): 1,000 retries (200 with
+   --quick) parked an hour away, nothing due: the movers' commands/s over
+   two windows (MONITOR): what coordinating N movers costs by itself.
 
 Run ``uptime`` beside it: the figures are only as quiet as the machine.
 """
@@ -142,7 +145,7 @@ def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
     return server, workers
 
 
-def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int) -> dict:
+def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int) -> dict:
     sides = {side: start_side(n, side) for side in SIDES}
     clients = {side: redis.Redis.from_url(server.url) for side, (server, _) in sides.items()}
     result: dict = {"n": n, "idle": {}, "pickup": {}, "parked": {}}
@@ -156,6 +159,15 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
             if time.monotonic() > deadline:
                 raise RuntimeError("workers never all waited on Redis")
             time.sleep(0.5)
+        apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in SIDES}
+        for side, app in apps.items():   # warm up: a worker's first task is slower than any later one
+            for options in LISTS.values():
+                app.send_task("bench.stamp", args=(time.time(),), **options)
+        for side, c in clients.items():
+            end = time.monotonic() + 30
+            while c.llen(f"b9{side}:pickup") < len(LISTS) and time.monotonic() < end:
+                time.sleep(0.05)
+            c.delete(f"b9{side}:pickup")
         time.sleep(5.0)   # start-up work (first fetches, lease, subscriptions) settles
         idle_started = time.monotonic()
         for _ in range(rounds):
@@ -165,7 +177,6 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
             for side in SIDES:
                 result["idle"].setdefault(side, []).append(rates(before[side], after[side], n))
         time.sleep(max(0.0, idle_first - (time.monotonic() - idle_started)))
-        apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in SIDES}
         for k in range(samples):
             for label, options in LISTS.items():
                 for side, app in apps.items():
@@ -179,6 +190,7 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
                 time.sleep(random.uniform(1.5, 3.0))
         for side in ("dlq", "dlq-fallback"):
             result["parked"][side] = parked_phase(sides[side][0].url, clients[side], apps[side], side, tasks)
+        result["at_rest"] = at_rest_phase(sides["dlq"][0].url, clients["dlq"], apps["dlq"], "dlq", park, window)
         for app in apps.values():
             app.close()
     finally:
@@ -207,11 +219,32 @@ def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: i
     monitor.stop()
     late = lateness(client, f"b9{side}")
     return {"seconds": seconds, "done": int(client.get(done_key) or 0), "mover_cmds_s": monitor.count / seconds,
+            "mover_cmds": monitor.count,
             "mover_by": {k: v / seconds for k, v in sorted(monitor.by.items(), key=lambda kv: -kv[1])[:8]},
             "total_cmds_s": sum(rates(before, after, 1, exclude=("info", "monitor"))[2].values()),
             "late_p50_ms": pct(late, 50) * 1000 if late else None,
             "late_p99_ms": pct(late, 99) * 1000 if late else None,
             "late_max_ms": max(late) * 1000 if late else None, "moves": len(late)}
+
+
+def at_rest_phase(url: str, client: redis.Redis, app: Celery, side: str, n: int, window: float) -> dict:
+    """``n`` retries parked an hour away (``bench.park_long``): the movers' commands/s with nothing due."""
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            app.send_task("bench.park_long", args=(i,), queue="bench", producer=producer)
+    end = time.monotonic() + 300
+    while client.zcard(f"{{b9{side}}}:delayed") < n and time.monotonic() < end:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    monitor = Monitor(url)
+    monitor.start()
+    monitor.ready.wait(10)
+    started = time.monotonic()
+    time.sleep(window * 2)
+    seconds = time.monotonic() - started
+    monitor.stop()
+    return {"parked": int(client.zcard(f"{{b9{side}}}:delayed")), "seconds": seconds,
+            "mover_cmds_s": monitor.count / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -241,10 +274,17 @@ def report(results: list[dict]) -> None:
         for side, p in r["parked"].items():
             rows.append([r["n"], side, p["done"], f"{p['seconds']:.1f}", f"{p['mover_cmds_s']:.1f}",
                          f"{p['total_cmds_s']:.0f}", f"{p['late_p50_ms']:.1f}", f"{p['late_p99_ms']:.1f}",
-                         f"{p['late_max_ms']:.1f}", p["moves"]])
+                         f"{p['late_max_ms']:.1f}", p["moves"], f"{p['mover_cmds'] / max(1, p['moves']):.1f}"])
     print("\nParked retries (tasks failing twice, 0.1 s delay): movers' commands/s (MONITOR), lateness (ms):")
-    print_table(["N", "side", "tasks", "s", "movers cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves"],
-                rows)
+    print_table(["N", "side", "tasks", "s", "movers cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves",
+                 "movers cmd/move"], rows)
+    print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR):")
+    print_table(["N", "parked", "s", "movers cmd/s", "by command (/s)"],
+                [[r["n"], r["at_rest"]["parked"], f"{r['at_rest']['seconds']:.0f}",
+                  f"{r['at_rest']['mover_cmds_s']:.2f}",
+                  ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["at_rest"]["mover_by"].items(),
+                                                                key=lambda kv: -kv[1]))]
+                 for r in results])
     for r in results:
         for side, p in r["parked"].items():
             print(f"  N={r['n']} {side} movers by command (/s): "
@@ -258,12 +298,12 @@ def main() -> None:
     args = p.parse_args()
     ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
     rounds, window = (2, 5.0) if args.quick else (3, 20.0)
-    idle_first, samples, tasks = (10.0, 3, 300) if args.quick else (60.0, 12, 3000)
+    idle_first, samples, tasks, park = (10.0, 3, 300, 200) if args.quick else (60.0, 12, 3000, 1000)
     print(machine())
     results = []
     for n in ns:
         print(f"N={n} ...", flush=True)
-        results.append(run_n(n, rounds, window, idle_first, samples, tasks))
+        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     report(results)
