@@ -44,6 +44,9 @@ EARLY = 0.2
 #: The shortest time between the starts of two passes (seconds): under a steady stream of due entries
 #: (each with its own due time) at most 50 passes a second, each moving everything due by then.
 MIN_GAP = 0.02
+#: The longest the holder trusts the earliest due time it read (seconds): entries parked without the wake
+#: marker (by a worker of an earlier release, during a rolling deploy) are moved this late at worst.
+REFRESH = 60.0
 #: Together the other movers try about once per this many leases (only to replace a standby that died).
 OTHERS_EVERY = 6
 #: The longest local sleep between two flushes of the delivery counters of acknowledged messages (seconds).
@@ -63,6 +66,7 @@ class MoverTurns:
         self.soonest: float | None = None   # unix seconds: the earliest due time, as of the last look
         self.fresh = False         # whether ``soonest`` still holds (no pass, no wake-up since)
         self.passed_at = 0.0       # monotonic: when the last pass started
+        self.looked_at = 0.0       # monotonic: when ``soonest`` was read
         #: True while the holder blocks on the marker (a stopping worker then writes it).
         self.blocking = False
 
@@ -114,9 +118,9 @@ class MoverTurns:
     def wait_for_due(self, next_due: Callable[[], float | None], can_block: bool) -> None:
         """The holder's wait between passes: returns when an entry is due or the lease is to be renewed."""
         while not self.stop.is_set():
-            if not self.fresh:
-                self.soonest, self.fresh = next_due(), True
             now = time.monotonic()
+            if not self.fresh or now - self.looked_at >= REFRESH:
+                self.soonest, self.fresh, self.looked_at = next_due(), True, now
             renew_in = self.renew_at - now
             wait = renew_in if self.soonest is None else min(renew_in, max(self.soonest - time.time(),
                                                                            self.passed_at + MIN_GAP - now))
