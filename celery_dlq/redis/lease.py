@@ -68,6 +68,10 @@ class MoverLease:
         """Give up the lease and the standby's place (a stopping worker): no waiting for them to expire."""
         self._run(0.0, release=True)
 
+    def both_held(self) -> bool:
+        """Whether the lease and the standby's place are both held (one ``EXISTS``)."""
+        return int(self.client.exists(self.keys.mover_lease, self.keys.mover_standby)) == 2
+
     def remaining(self) -> float:
         """Seconds until the lease expires; 0 when nobody holds it (one ``PTTL``)."""
         ms = self.client.pttl(self.keys.mover_lease)

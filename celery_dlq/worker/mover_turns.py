@@ -13,16 +13,18 @@ lease (:class:`~celery_dlq.redis.lease.MoverLease`) moves:
   until then; when the lease has expired (the holder died or stalled) it
   takes it over in the same try. It renews its own place (six leases long)
   every two leases.
-* **Every other worker** counts itself in the store and tries again after
-  6 x ``dlq_mover_lease`` x (how many count) x U(0.5, 1.5) seconds, so all of
-  them together try about once per six leases, however many they are: only
-  to replace a standby that died.
+* **Every other worker** counts itself in the store and looks again after
+  2 x ``dlq_mover_lease`` x (how many count) x U(0.5, 1.5) seconds, so all of
+  them together look about once per two leases, however many they are: one
+  ``EXISTS`` of the lease and the standby's place, and a full try (which
+  takes what is free and renews the count) when either is free or every
+  fourth look. They matter only when the holder and the standby both died.
 
 Takeover: when the holder dies, its lease expires at most ``dlq_mover_lease``
 seconds after its last renewal, and the standby takes it over then (plus a
 round trip) and moves at once. Only when the standby died too does it take
-longer: its place expires at most six leases after its last renewal, and
-another worker takes it at its next try (about six leases later on average).
+longer: the free lease is taken by the first other worker to look, on
+average two leases later (one worker alone: within three leases).
 With several shards the holder cannot block on one marker
 (a Redis Cluster forbids keys of several slots in one command) and looks
 every ``dlq_mover_interval`` instead, as before; still only one worker does.
@@ -47,8 +49,11 @@ MIN_GAP = 0.02
 #: The longest the holder trusts the earliest due time it read (seconds): entries parked without the wake
 #: marker (by a worker of an earlier release, during a rolling deploy) are moved this late at worst.
 REFRESH = 60.0
-#: Together the other movers try about once per this many leases (only to replace a standby that died).
-OTHERS_EVERY = 6
+#: Together the other movers look about once per this many leases (to take a lease or a standby's place
+#: that is free: the holder and the standby both died).
+OTHERS_EVERY = 2
+#: An other mover's looks are one EXISTS each, and a full try (which renews its count) every this many.
+RECOUNT = 4
 #: The longest local sleep between two flushes of the delivery counters of acknowledged messages (seconds).
 SLICE = 1.0
 
@@ -61,6 +66,7 @@ class MoverTurns:
         self.lease, self.stop, self.interval, self.between, self.rng = lease, stop, interval, between, rng
         self.role = Role.OTHER
         self.others = 1
+        self.checks = RECOUNT      # cheap checks since the last try (a first try is a full one)
         self.renew_at = 0.0        # monotonic: when the holder renews its lease
         self.standby_until = 0.0   # monotonic: when the standby renews its place
         self.soonest: float | None = None   # unix seconds: the earliest due time, as of the last look
@@ -87,7 +93,12 @@ class MoverTurns:
             if left > 0:
                 self._sleep(left + 0.005)
                 return False
-        turn = self.lease.try_turn(counted_for=2 * self._other_wait(1.5) + self.ttl)
+        if self.role is Role.OTHER and self.checks < RECOUNT and self.lease.both_held():
+            self.checks += 1   # a holder and a standby: nothing to do (one EXISTS); the count stands
+            self._sleep(self._other_wait(0.5 + self.rng()))
+            return False
+        turn = self.lease.try_turn(counted_for=(RECOUNT + 1) * self._other_wait(1.5) + self.ttl)
+        self.checks = 0
         was, self.role = self.role, turn.role
         if turn.role is Role.HOLDER:
             self.renew_at = now + self.ttl / 2
