@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -194,6 +195,10 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
         for app in apps.values():
             app.close()
     finally:
+        for _, workers in sides.values():   # all at once: one by one, 90 warm shutdowns take minutes
+            for w in workers:
+                if w.proc.poll() is None:
+                    w.proc.send_signal(signal.SIGTERM)
         for server, workers in sides.values():
             for w in workers:
                 w.stop()

@@ -140,7 +140,13 @@ class Waker:
             self._waiting = False
 
     def stop(self) -> None:
+        """Stop the thread and end a pending wait (a closing channel reads its reply: at once, not in 5 s)."""
         self._stopped.set()
+        with self._lock:
+            self._dirty = True
+            send, self._token_sent = self._waiting, True
+        if send:
+            self._write_token()
 
     # -- the thread ---------------------------------------------------------------
 
@@ -187,11 +193,14 @@ class Waker:
             send = self._waiting and not self._token_sent
             self._token_sent = self._token_sent or send
         if send:
-            try:
-                self.client.pipeline(transaction=False).zadd(self.wake_key, {"w": 0}) \
-                    .pexpire(self.wake_key, TOKEN_TTL_MS).execute()
-            except redis.RedisError:   # the wait ends at its timeout instead
-                logger.debug("celery-dlq: could not wake an idle fetch", exc_info=True)
+            self._write_token()
+
+    def _write_token(self) -> None:
+        try:
+            self.client.pipeline(transaction=False).zadd(self.wake_key, {"w": 0}) \
+                .pexpire(self.wake_key, TOKEN_TTL_MS).execute()
+        except redis.RedisError:   # the wait ends at its timeout instead
+            logger.debug("celery-dlq: could not wake an idle fetch", exc_info=True)
 
     @staticmethod
     def _close(pubsub: Any) -> None:

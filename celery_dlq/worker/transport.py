@@ -377,7 +377,7 @@ class Channel(kombu_redis.Channel):
     def close(self) -> None:
         _live_channels.discard(self)
         if self._dlq_waker is not None:
-            self._dlq_waker.stop()
+            self._dlq_waker.stop()   # ends a pending wait too: kombu's close reads its reply
         try:
             super().close()
         except (AttributeError, InconsistencyError, *kombu_redis.get_redis_error_classes()[0]) as exc:
