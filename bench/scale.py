@@ -22,7 +22,7 @@ interleaved by construction. Reported, medians over the rounds (and min-max):
 3. **Parked retries** (celery-dlq sides): 3,000 tasks (300 with --quick)
    failing twice (``bench.flaky``, redelivery delay 0.1 s). The movers'
    Redis commands/s are counted with MONITOR, by command (the mover's scripts
-   and what they run inside Redis, its BZPOPMIN/PTTL on the mover keys, its
+   and what they run inside Redis, its BZPOPMIN/PTTL/EXISTS/PEXPIRE on the mover keys, its
    HGETALL of the parked counts, its redelivered_total increments); the
    lateness of each redelivery is the mover's move time minus the entry's
    due time, from the archive's ``parked`` and ``redelivered`` events.
@@ -108,6 +108,7 @@ class Monitor(threading.Thread):
                 if inside:
                     self._add(f"EVALSHA {self.shas[parts[1]]}")
                 elif (name == "BZPOPMIN" and key.endswith(":wake")) or (name == "PTTL" and key.endswith(":mover")) \
+                        or (name in ("EXISTS", "PEXPIRE") and key.endswith((":mover", ":mover:standby"))) \
                         or (name == "HGETALL" and key.endswith(":parked")) \
                         or (name == "SMEMBERS" and key.endswith(":layout")) \
                         or (name == "HINCRBY" and key.endswith(":metrics") and "redelivered_total" in cmd["command"]):
