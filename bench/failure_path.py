@@ -133,8 +133,11 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 5,000; 1,000 with --quick)")
+    args = p.parse_args()
     n, rounds = (1000, 1) if args.quick else (5000, 3)
+    n = args.tasks or n
     server = RedisServer().start()
     try:
         import redis
