@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import redis
 from celery import Celery, Task
@@ -71,6 +72,18 @@ def client() -> redis.Redis:
 @app.task(base=Base, name="bench.noop")
 def noop(i=0):
     return None
+
+
+@app.task(base=Base, name="bench.ok")
+def ok(i=0):
+    """The success path of bench/failure_path.py: one attempt that counts itself."""
+    client().incr(DONE_KEY)
+
+
+@app.task(base=Base, name="bench.stamp")
+def stamp(sent_at):
+    """How long a message took from its publish (``sent_at``, unix seconds) to its task (bench/scale.py)."""
+    client().rpush(f"{PREFIX}:pickup", f"{time.time() - sent_at:.6f}")
 
 
 if DLQ:

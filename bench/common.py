@@ -63,7 +63,8 @@ class BenchWorker:
     """A ``celery -A bench.app worker`` subprocess (prefork)."""
 
     def __init__(self, broker: str, queue: str, mode: str, prefix: str, concurrency: int = 2,
-                 conf: str | None = None, queues: str | None = None, pool: str = "prefork") -> None:
+                 conf: str | None = None, queues: str | None = None, pool: str = "prefork",
+                 name: str | None = None) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix=f"bench-{mode}-", suffix=".log")[1])
         env = {**os.environ, "BENCH_BROKER": broker, "BENCH_QUEUE": queue, "BENCH_MODE": mode,
                "BENCH_PREFIX": prefix, "PYTHONPATH": str(ROOT)}
@@ -73,7 +74,7 @@ class BenchWorker:
         self.pool = pool
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "bench.app", "worker", "-P", pool,
-             "-c", str(concurrency), "-Q", queues or queue, "-n", f"bench-{mode}-{os.getpid()}@%h",
+             "-c", str(concurrency), "-Q", queues or queue, "-n", name or f"bench-{mode}-{os.getpid()}@%h",
              "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "WARNING"],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -94,7 +95,7 @@ class BenchWorker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited:\n{self.log()[-3000:]}")
             clients = client.client_list()
-            if any(c.get("cmd") in ("brpop", "blmove", "evalsha") for c in clients) \
+            if any(c.get("cmd") in ("brpop", "blmove", "bzpopmin", "evalsha") for c in clients) \
                     and (self.pool == "solo" or psutil.Process(self.pid).children()):
                 break
             if time.monotonic() > deadline:

@@ -33,3 +33,9 @@ def flaky(i: int = 0) -> None:
     if message.options.get("retries", 0) < 2:
         raise ConnectionError("transient")
     _client.incr(f"{PREFIX}:done")
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def ok(i: int = 0) -> None:
+    """The success path: one attempt that INCRs ``<prefix>:done``."""
+    _client.incr(f"{PREFIX}:done")

@@ -88,13 +88,16 @@ def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
     from celery_dlq.redis.store import to_ms
 
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
+            dlq.keys.trends, dlq.keys.due_wake]
+    minute = int(time.time() // 60)   # park.lua's trends bucket
     due = to_ms(time.time() - 1)
     expiry = to_ms(time.time() + 86400) if expires else ""
     for start in range(0, n, PARK_CHUNK):
         pipe = dlq.client.pipeline(transaction=False)
         for i in range(start, min(n, start + PARK_CHUNK)):
-            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, "", "", expiry], client=pipe)
+            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, "", "", expiry, minute],
+                   client=pipe)
         pipe.execute()
 
 

@@ -47,7 +47,9 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
     direct = DirectPayload.loads(payload)
     doc = json.loads(direct.element)
     script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events]
+    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
+            dlq.keys.trends, dlq.keys.due_wake]
+    minute = int(time.time() // 60)   # park.lua's trends bucket
     pipe = dlq.client.pipeline(transaction=False)
     for i in range(n):
         due = start + i / RATE
@@ -55,7 +57,7 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
         doc["headers"]["id"] = f"punct-{i}"
         element = json.dumps(doc).encode()
         stored = element if raw else DirectPayload(direct.queue, direct.dest, direct.task, element).dumps()
-        script(keys=keys, args=[f"punct-{i}:2", stored, QUEUE, to_ms(due), 0, ""], client=pipe)
+        script(keys=keys, args=[f"punct-{i}:2", stored, QUEUE, to_ms(due), 0, "", "", "", minute], client=pipe)
         if i % 2000 == 1999:
             pipe.execute()
     pipe.execute()

@@ -33,14 +33,16 @@ DEFAULTS: dict[str, Any] = {
     "dlq_queue_policies": None,
     "dlq_redis_url": None,          # None: the broker URL when the broker is Redis
     "dlq_key_prefix": "celery_dlq",
-    "dlq_mover_interval": 0.2,      # how often each worker's mover looks for due messages
+    "dlq_mover_interval": 0.2,      # the moving worker's longest wait where it cannot block (several shards)
+    "dlq_mover_lease": 10.0,        # one worker moves; another takes over at most this long after it dies
     "dlq_mover_batch_size": 100,    # entries claimed per Redis round trip
     "dlq_claim_lease": 30.0,        # a claimed entry becomes due again if not published by then
     "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
     "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
-    "dlq_fetch_wait": 0.1,          # idle: longest wait for a message on a list the fetch does not watch
+    "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again
+    "dlq_fetch_notifications": "auto",  # wake an idle fetch by keyspace notifications: auto, off, configure
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
     "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
     "dlq_store_shards": 1,          # the store split over N hash tags ({prefix:0} ...): spread over a Redis Cluster
@@ -75,6 +77,17 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+#: ``dlq_fetch_notifications``: use keyspace notifications where the server sends them already, never, or
+#: turn list events on (``CONFIG SET notify-keyspace-events``, adding ``Kl`` to what is set).
+FETCH_NOTIFICATIONS = ("auto", "off", "configure")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigurationError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def _policy_fields(value: Any, where: str) -> dict[str, Any]:
     return {} if value is None else validate_fields(value, where)
 
@@ -88,6 +101,7 @@ class DLQSettings:
     key_prefix: str
     global_keyprefix: str
     mover_interval: float
+    mover_lease: float
     mover_batch_size: int
     claim_lease: float
     delivery_count_ttl: float
@@ -95,6 +109,7 @@ class DLQSettings:
     events_max_length: int
     fetch_transport: bool
     fetch_wait: float
+    fetch_notifications: str
     redis_cluster: bool
     store_shards: int
     store_min_replicas: int
@@ -119,6 +134,7 @@ class DLQSettings:
             key_prefix=prefix,
             global_keyprefix=_global_keyprefix(conf),
             mover_interval=_positive("dlq_mover_interval", get("dlq_mover_interval")),
+            mover_lease=_positive("dlq_mover_lease", get("dlq_mover_lease")),
             mover_batch_size=_count("dlq_mover_batch_size", get("dlq_mover_batch_size")),
             claim_lease=_positive("dlq_claim_lease", get("dlq_claim_lease")),
             delivery_count_ttl=_positive("dlq_delivery_count_ttl", get("dlq_delivery_count_ttl")),
@@ -126,6 +142,8 @@ class DLQSettings:
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
             fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
+            fetch_notifications=_choice("dlq_fetch_notifications", get("dlq_fetch_notifications"),
+                                        FETCH_NOTIFICATIONS),
             redis_cluster=_cluster(conf, _flag("dlq_redis_cluster", get("dlq_redis_cluster"))),
             store_shards=_count("dlq_store_shards", get("dlq_store_shards")),
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),

@@ -157,6 +157,32 @@ class Keys:
         """SET: delivery tags one consumer process fetched and has not acked (fetch.lua; recovered on reconnect)."""
         return f"{self.base}:fetched:{consumer}"
 
+    def fetch_wake(self, consumer: str) -> str:
+        """ZSET with at most one member: the token that ends one consumer's idle fetch wait (on the broker's
+        Redis; written when a keyspace notification says one of its lists was pushed to)."""
+        return f"{self.base}:fetchwake:{consumer}"
+
+    @property
+    def due_wake(self) -> str:
+        """ZSET with at most one member: written by ``park.lua`` (and the redeliver scripts) when an entry
+        becomes the earliest due, so the moving worker, blocked on it, wakes (``BZPOPMIN``)."""
+        return self.base + ":wake"
+
+    @property
+    def mover_lease(self) -> str:
+        """STRING, expiring: the id of the one worker that moves due entries (home set only)."""
+        return self.base + ":mover"
+
+    @property
+    def mover_standby(self) -> str:
+        """STRING, expiring: the id of the worker that takes the lease over as soon as it expires."""
+        return self.base + ":mover:standby"
+
+    @property
+    def movers(self) -> str:
+        """ZSET mover id -> when it stops counting (ms): the other movers, whose count scales their tries."""
+        return self.base + ":movers"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)

@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "remove_letters",
     "find_letter",
     "trend",
+    "mover_lease",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

@@ -174,7 +174,7 @@ class DelayedStore:
             args += [name, value]
         result = int(self._scripts.run(
             "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics,
-                     self.keys.expiries, self.keys.trends, *ack_keys),
+                     self.keys.expiries, self.keys.trends, self.keys.due_wake, *ack_keys),
             args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
@@ -309,11 +309,11 @@ class DelayedStore:
         now_ms = self._now_ms(now)
         if entry_id is not None:
             return int(self._scripts.run(
-                "redeliver_one", [self.keys.delayed], [entry_id, now_ms]))
+                "redeliver_one", [self.keys.delayed, self.keys.due_wake], [entry_id, now_ms]))
         total = 0
         while True:
             moved = int(self._scripts.run(
-                "redeliver_all", [self.keys.delayed], [now_ms, REDELIVER_BATCH]))
+                "redeliver_all", [self.keys.delayed, self.keys.due_wake], [now_ms, REDELIVER_BATCH]))
             total += moved
             if moved < REDELIVER_BATCH:
                 return total

@@ -1,11 +1,14 @@
 """The consumer bootstep that moves due parked messages back to their queues.
 
-Every worker runs one; they share the store safely because a claim is a
-lease (claim, publish, then delete; an expired lease makes the entry due
-again), so several movers neither lose nor duplicate a message unless one
-dies between publish and delete, when the lease expiry redelivers it (at
-least once). It runs in its own thread so a slow Redis never stalls the
-consumer's event loop.
+Every worker runs one, but only the worker holding the store's mover lease
+moves (:mod:`celery_dlq.worker.mover_turns`), so the movers' Redis work
+does not grow with the number of workers. Several movers would still be
+safe (a rolling deploy with older workers, a holder that stalled past its
+lease): a claim is a lease of its own (claim, publish, then delete; an
+expired lease makes the entry due again), so they neither lose nor
+duplicate a message unless one dies between publish and delete, when the
+lease expiry redelivers it (at least once). It runs in its own thread so a
+slow Redis never stalls the consumer's event loop.
 """
 from __future__ import annotations
 
@@ -13,32 +16,34 @@ import contextlib
 from collections import Counter
 from dataclasses import replace
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any
 
 from celery import bootsteps
+from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
 from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.lease import MoverLease
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
+from celery_dlq.worker.mover_turns import MoverTurns
 from celery_dlq.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 5.0
-#: The shortest wait between two passes when entries come due sooner than the next tick (seconds):
-#: bounds the passes to 50 a second under a steady stream of due entries.
-MIN_WAIT = 0.02
 
 
 class MoverThread(threading.Thread):
-    """Claims due entries in batches and publishes them until stopped."""
+    """Claims due entries in batches and publishes them until stopped, when this worker's turn (``turns``)."""
 
     def __init__(self, app: Any, runtime: Runtime, hostname: str = "") -> None:
         super().__init__(name="celery-dlq-mover", daemon=True)
@@ -52,41 +57,58 @@ class MoverThread(threading.Thread):
         self.lease = settings.claim_lease
         self._stop_event = threading.Event()
         self._turn = -1
+        ident = f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}"
+        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease)
+        self.turns = MoverTurns(lease, self._stop_event, self.interval, between=self._flush_counters)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop_event.set()
+        try:
+            self.turns.stop_waiting()
+        except Exception:   # Redis down: the wait ends at its timeout
+            logger.debug("celery-dlq mover: could not end the mover's wait", exc_info=True)
         if self.is_alive():
             self.join(timeout)
 
     def run(self) -> None:
-        """Run a pass every ``interval`` seconds, measured from the start of the last pass, or sooner
-        when a parked entry comes due before then.
+        """Move due entries whenever this worker holds the mover lease (:mod:`~celery_dlq.worker.mover_turns`).
 
-        Ticking at a fixed rate (not "a pass, then a full interval") keeps a
-        message's lateness under one interval plus its turn in a pass, however
-        long passes get under load; waking for the next due entry (never
-        sooner than :data:`MIN_WAIT`) keeps it near a pass's own time for what
-        was parked before the pass. After a Redis error the wait backs off.
+        The holder makes a pass when an entry is due (it learns the earliest
+        due time after each pass, and a park of an earlier one wakes it), so a
+        message's lateness is about a pass's own time; everyone else waits
+        its turn. After a Redis error the wait backs off. On a warm stop the
+        lease is deleted, so the standby takes over when its wait ends, not a whole lease later.
         """
         wait = 0.0
-        while not self._stop_event.wait(wait):
-            started = time.monotonic()
+        turns = self.turns
+        while not self._stop_event.is_set():
             try:
-                self.move_due()
-                self.runtime.counters.flush()
-                wait = self._next_wait(started)
+                if not turns.take_turn():
+                    continue
+                if turns.due():
+                    started = time.monotonic()
+                    self.move_due()
+                    self.runtime.counters.flush()
+                    turns.passed(started)
+                turns.wait_for_due(self.runtime.sharded.next_due, len(self.runtime.sharded.all) == 1)
+                wait = 0.0
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
+                turns.passed(time.monotonic())
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
                                  self.runtime.settings.safe_redis_url, wait)
+                self._stop_event.wait(wait)
+        try:
+            turns.release()
+        except Exception:
+            logger.warning("celery-dlq mover: could not give up the mover lease; another worker takes over when "
+                           "it expires", exc_info=True)
 
-    def _next_wait(self, started: float) -> float:
-        """Seconds to the next pass: the next tick, or the next due entry if sooner (at least MIN_WAIT)."""
-        wait = max(0.0, self.interval - (time.monotonic() - started))
-        soonest = self.runtime.sharded.next_due()
-        if soonest is not None:
-            wait = min(wait, max(min(MIN_WAIT, self.interval), soonest - time.time() + 0.001))
-        return wait
+    def _flush_counters(self) -> None:
+        try:
+            self.runtime.counters.flush()
+        except Exception:
+            logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
 
     def move_due(self) -> int:
         """Move every due entry now, a batch per round trip; returns how many were moved or published.
@@ -317,8 +339,9 @@ class Mover(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         self.thread = MoverThread(c.app, self.runtime, getattr(c, "hostname", "") or "")
         self.thread.start()
-        logger.info("celery-dlq mover: moving due messages every %.2fs from redis %s",
-                    self.runtime.settings.mover_interval, self.runtime.settings.safe_redis_url)
+        logger.info("celery-dlq mover: moving due messages from redis %s when this worker holds the mover "
+                    "lease (one worker at a time; another takes over within %.1fs)",
+                    self.runtime.settings.safe_redis_url, self.runtime.settings.mover_lease)
 
     def stop(self, c: Any) -> None:
         if self.thread is not None:

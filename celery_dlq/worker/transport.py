@@ -20,10 +20,12 @@ everything else are kombu's):
   to the DLQ of its queue (reason ``invalid_message``, the parse error in
   ``x-dlq-exception-message``) in one script, with one WARNING.
 * **Wait without taking.** A script cannot block, so when every list is
-  empty the channel waits with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on
-  the main list of one of its queues (a no-op move that wakes as soon as a
-  message arrives there), then fetches again. Messages on other lists (other
-  queues, priority sub-lists) wait at most ``dlq_fetch_wait`` when idle.
+  empty the channel blocks on a wake key of its own, which a thread hearing
+  keyspace notifications of its lists writes (:mod:`celery_dlq.worker.fetch_wake`),
+  then fetches again. Where the server sends no such notifications it waits
+  with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one
+  of its queues (a no-op move that wakes as soon as a message arrives
+  there); messages on other lists then wait at most ``dlq_fetch_wait``.
 * **Recover on reconnect.** Tags this process fetched but no live channel of
   it holds (a reply lost with the connection, a channel closed while Redis
   was down) are given back to their queues when the next channel starts.
@@ -60,7 +62,8 @@ from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
-from celery_dlq.worker.transport_setup import OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
+from celery_dlq.worker.fetch_wake import NOTIFIED_WAIT, Waker, log_mode_once, notifications_on
+from celery_dlq.worker.transport_setup import OPTION_NOTIFY, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +128,7 @@ class Channel(kombu_redis.Channel):
         self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         self._dlq_consumer = consumer_id()
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
-        self._dlq_wait = float(options.get(OPTION_WAIT) or 0.1)
+        self._dlq_wait = float(options.get(OPTION_WAIT) or 1.0)
         prefix = options.get(OPTION_PREFIX) or "celery_dlq"
         # kombu's own clients add global_keyprefix themselves: the fetched set's name without it
         self._dlq_fetched_key = Keys(prefix).fetched(self._dlq_consumer)
@@ -133,11 +136,15 @@ class Channel(kombu_redis.Channel):
         self._dlq_sent: tuple[str, list[str]] | None = None
         self._dlq_watch = 0
         self._dlq_recovered = False
+        self._dlq_notify_setting = options.get(OPTION_NOTIFY) or "auto"
+        self._dlq_notify: bool | None = None
+        self._dlq_waker: Waker | None = None
         super().__init__(*args, **kwargs)
         self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
         self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
         self._dlq_scripts = Scripts(self._dlq_plain)
         self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
+        self._dlq_wake_key = self._dlq_keys.fetch_wake(f"{self._dlq_consumer}:{uuid()[:8]}")
         _live_channels.add(self)
 
     # -- fetch ------------------------------------------------------------------
@@ -153,14 +160,36 @@ class Channel(kombu_redis.Channel):
         set_in_poll(self, connection)
         self._brpop_sent_at = time.monotonic()
         prefix = self.global_keyprefix or ""
-        if self._dlq_idle:
+        waker = self._dlq_waker_for(all_keys[:len(keys)]) if self._dlq_idle else self._dlq_waker
+        if self._dlq_idle and waker is None:   # no notifications: block on one list, then look at all
             watched = prefix + queues[self._dlq_watch % len(queues)]
             self._dlq_watch += 1
             self._dlq_sent = ("BLMOVE", keys)
-            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
+            # notifications on but not heard yet (starting, subscribing again): a short wait
+            wait = min(self._dlq_wait, 0.1) if self._dlq_notify else self._dlq_wait
+            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", wait)
             return
+        if self._dlq_idle and waker.begin_wait():   # a push to any list ends the wait (fetch_wake.py)
+            self._dlq_sent = ("BZPOPMIN", keys)
+            connection.send_command("BZPOPMIN", self._dlq_wake_key, max(NOTIFIED_WAIT, self._dlq_wait))
+            return
+        if waker is not None:
+            waker.begin_fetch()
         self._dlq_sent = ("EVALSHA", keys)
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), time.time())
+
+    def _dlq_waker_for(self, lists: list[str]) -> Waker | None:
+        """The waker of an idle wait on ``lists`` (full names), or None: no notifications, or not yet heard."""
+        if self._dlq_notify is None:   # the first idle wait: which applies, found out once per channel
+            on, why = notifications_on(self._dlq_plain, self._dlq_notify_setting)
+            log_mode_once(on, why, self._dlq_wait)
+            self._dlq_notify = on
+            if on:
+                db = int(self.pool.connection_kwargs.get("db") or 0)
+                self._dlq_waker = Waker(redis.Redis(connection_pool=self.pool), db, self._dlq_wake_key)
+        if self._dlq_waker is None or not self._dlq_waker.watch(lists):
+            return None
+        return self._dlq_waker
 
     def _dlq_fetch_keys(self, queues: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """The lists of ``queues`` in kombu's BRPOP order, and every key fetch.lua takes (cached per queue set)."""
@@ -191,6 +220,10 @@ class Channel(kombu_redis.Channel):
                 raise
             if command == "BLMOVE":   # woken (or timed out): fetch next
                 self._dlq_idle = False
+                raise kombu_redis.Empty()
+            if command == "BZPOPMIN":   # woken: fetch next; timed out: nothing was pushed, wait again
+                self._dlq_waker.end_wait()
+                self._dlq_idle = reply is None
                 raise kombu_redis.Empty()
             if not reply:
                 self._dlq_idle = True
@@ -343,6 +376,8 @@ class Channel(kombu_redis.Channel):
 
     def close(self) -> None:
         _live_channels.discard(self)
+        if self._dlq_waker is not None:
+            self._dlq_waker.stop()   # ends a pending wait too: kombu's close reads its reply
         try:
             super().close()
         except (AttributeError, InconsistencyError, *kombu_redis.get_redis_error_classes()[0]) as exc:

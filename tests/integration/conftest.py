@@ -190,3 +190,13 @@ def harness(redis_server, tmp_path, unique):
     h = Harness(redis_server, tmp_path, unique)
     yield h
     h.close()
+
+
+@pytest.fixture(params=["fallback", "notifications"])
+def fetch_harness(request, tmp_path, unique):
+    """A harness on the session's server (an idle fetch falls back to its first list) and on one that sends
+    keyspace list events (an idle fetch waits for them)."""
+    server = request.getfixturevalue("redis_server" if request.param == "fallback" else "notifying_redis_server")
+    h = Harness(server, tmp_path, unique)
+    yield h
+    h.close()

@@ -73,3 +73,29 @@ def test_20000_parked_retries_do_not_grow_the_worker(harness):
     assert growth_mb < 10, growth_mb
     assert harness.redis.llen(harness.queue) == 0
     assert store.next_due() > time.time() + 3000
+
+
+def test_when_the_moving_worker_is_killed_another_takes_over_within_the_lease(harness):
+    """SIGKILL the worker holding the mover lease: the standby takes the lease over once it expires, at most
+    ``dlq_mover_lease`` after the kill (the holder renewed it last before the kill), and moves what came due."""
+    lease = 3.0
+    conf = json.dumps({"dlq_mover_lease": lease})
+    workers = [harness.worker(name=name, concurrency=1, DLQ_TEST_CONF=conf) for name in "abc"]
+    keys = Keys(harness.prefix)
+    harness.wait_until(lambda: harness.redis.get(keys.mover_lease) and harness.redis.get(keys.mover_standby),
+                       timeout=60, message="a holder and a standby")
+    holder = harness.redis.get(keys.mover_lease).decode()
+    [victim] = [w for w in workers if w.proc.pid == int(holder.split(":")[-2])]
+    ids = park_noop_messages(harness, 20, due=time.time() + 1.0)   # due while nobody holds the lease
+    victim.proc.kill()
+    killed_at = time.time()
+    harness.wait_until(lambda: (harness.redis.get(keys.mover_lease) or holder.encode()).decode() != holder,
+                       timeout=30, message="another worker holds the lease")
+    took_over = time.time() - killed_at
+    print(f"lease {lease}s: taken over {took_over:.2f}s after the SIGKILL")
+    assert took_over <= lease + 2.0, "the bound is the lease (plus a round trip; 2 s of slack for a busy machine)"
+    harness.wait_until(lambda: len(harness.deliveries()) >= 20, timeout=30, message="20 deliveries")
+    assert {r["id"] for r in harness.deliveries()} == set(ids)
+    new_holder = harness.redis.get(keys.mover_lease).decode()
+    [heir] = [w for w in workers if w.proc.pid == int(new_holder.split(":")[-2])]
+    assert "this worker moves due messages now" in heir.log()

@@ -27,7 +27,8 @@ AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 def rabbit(harness):
     require_rabbitmq()
     harness.extra_env.update(DLQ_TEST_BROKER=AMQP, DLQ_TEST_REDIS=harness.broker,
-                             DLQ_TEST_CONF=json.dumps({"dlq_redis_url": harness.broker}))
+                             # a short mover lease: the tests kill workers, the mover among them
+                             DLQ_TEST_CONF=json.dumps({"dlq_redis_url": harness.broker, "dlq_mover_lease": 2.0}))
     client = Celery("rabbit-client", broker=AMQP, set_as_current=False)
     client.conf.task_default_queue = harness.queue
     yield client

@@ -220,7 +220,8 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     assert TS.use_in_worker(app, runtime)
     assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {
-        "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25}
+        "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25,
+        TS.OPTION_NOTIFY: "auto"}
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport

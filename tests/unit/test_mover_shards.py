@@ -60,21 +60,3 @@ def test_the_mover_serves_every_shard_and_a_failing_one_does_not_stop_the_rest(s
     monkeypatch.undo()
     assert mover.move_due() == len(by_shard[1])
     assert runtime.client.llen(queue) == 30 and runtime.sharded.count() == 0
-
-
-def test_the_mover_wakes_for_an_entry_due_before_its_next_tick(sharded):
-    app, runtime, queue = sharded
-    mover = MoverThread(app, runtime)                       # interval 0.2 s
-    started = time.monotonic()
-    assert 0.19 <= mover._next_wait(started) <= 0.2         # nothing parked: the next tick
-    park_spread(runtime, queue, 1)                          # due a second ago
-    assert mover._next_wait(started) == pytest.approx(0.02)  # overdue: as soon as allowed, never a busy loop
-    runtime.sharded.of("task-0").store.remove("task-0:2")
-    element = json.dumps(celery_message(task_id="soon", tag="t")).encode()
-    runtime.shard("soon").store.park("soon:2", DirectPayload(queue, queue, "shop.charge", element).dumps(), queue,
-                                     time.time() + 0.08)
-    assert 0.06 <= mover._next_wait(time.monotonic()) <= 0.082   # due in 80 ms: woken then, not at 200 ms
-    runtime.shard("soon").store.remove("soon:2")
-    runtime.shard("later").store.park("later:2", DirectPayload(queue, queue, "shop.charge", element).dumps(), queue,
-                                      time.time() + 10)
-    assert 0.19 <= mover._next_wait(time.monotonic()) <= 0.2     # due after the next tick: the tick

@@ -70,7 +70,8 @@ def test_one_shard_is_exactly_the_plain_store(any_redis, prefix):
     assert store.all == (store.home,) and store.of("t1") is store.home
     assert any_redis.zcard(f"{{{prefix}}}:delayed") == 1
     assert sorted(k.decode() for k in any_redis.scan_iter(match=f"{{{prefix}*")) == sorted(
-        f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "queues", "parked", "stats", "metrics", "trends"))
+        f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "queues", "parked", "stats", "metrics", "trends",
+                                            "wake"))   # the mover's wake marker: the entry is the earliest
 
 
 def test_a_new_shard_count_still_reads_and_serves_the_shards_of_the_old_one(any_redis, prefix):

@@ -15,6 +15,9 @@
 -- is "ok" (recorded under delivery tag `tag`) or "quarantined" (moved to
 -- KEYS[n+i]; tag is "").
 local n = tonumber(ARGV[1])
+if redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (an empty list has no key):
+  return nil                                           -- one command, not one RPOP per list
+end
 for i = 1, n do
   local element = redis.call('RPOP', KEYS[i])
   if element then

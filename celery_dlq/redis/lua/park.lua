@@ -10,9 +10,10 @@
 -- KEYS[8] = metrics   (HASH) the exporter's counters: ARGV[7] is raised by one per park
 -- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
 -- KEYS[10] = trends   (HASH) parks per minute and hour of ARGV[3]'s queue (lib.lua, trend_add; ARGV[9])
--- KEYS[11] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
--- KEYS[12] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
--- KEYS[13] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
+-- KEYS[11] = wake     (ZSET) the moving worker's wake-up marker: written when this entry is the earliest due
+-- KEYS[12] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
+-- KEYS[13] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
+-- KEYS[14] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -37,9 +38,9 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    local held = redis.call('HDEL', KEYS[11], ARGV[6])
-    redis.call('ZREM', KEYS[12], ARGV[6])
-    redis.call('SREM', KEYS[13], ARGV[6])
+    local held = redis.call('HDEL', KEYS[12], ARGV[6])
+    redis.call('ZREM', KEYS[13], ARGV[6])
+    redis.call('SREM', KEYS[14], ARGV[6])
     if held == 0 and not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
             or redis.call('HEXISTS', KEYS[3], id) == 1) then
         -- The consumed message is no longer unacknowledged: restored to its queue (visibility timeout, a
@@ -57,6 +58,10 @@ if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue i
     redis.call('HSET', KEYS[4], id, ARGV[3])
 end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
+if redis.call('ZRANGE', KEYS[1], 0, 0)[1] == id then
+    -- the earliest due now: the moving worker may be waiting for a later one (it blocks on this marker)
+    redis.call('ZADD', KEYS[11], 0, 'due')
+end
 if ARGV[8] and ARGV[8] ~= '' then
     redis.call('HSET', KEYS[9], id, ARGV[8])
 end

@@ -1,6 +1,7 @@
 -- redeliver_all.lua: make a batch of not-yet-due parked entries due now.
 --
 -- KEYS[1] = delayed   (ZSET) entry_id -> due time (ms)
+-- KEYS[2] = wake      (ZSET) the moving worker's wake-up marker: written when any entry is made due
 --
 -- ARGV[1] = now (ms)
 -- ARGV[2] = batch: most entries to reschedule in this call
@@ -13,5 +14,8 @@ local now = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do
     redis.call('ZADD', KEYS[1], now, id)
+end
+if #ids > 0 then
+    redis.call('ZADD', KEYS[2], 0, 'due')
 end
 return #ids

@@ -1,6 +1,7 @@
 -- redeliver_one.lua: make one parked entry due now (operator "retry now").
 --
 -- KEYS[1] = delayed   (ZSET) entry_id -> due time (ms)
+-- KEYS[2] = wake      (ZSET) the moving worker's wake-up marker: written when the entry is made due
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = now (ms)
@@ -15,5 +16,6 @@ if not score then
 end
 if tonumber(score) > tonumber(ARGV[2]) then
     redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+    redis.call('ZADD', KEYS[2], 0, 'due')
 end
 return 1

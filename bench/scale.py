@@ -1,0 +1,319 @@
+"""Benchmark 9: N idle workers on one Redis, plain Celery and celery-dlq side by side (issue #24).
+
+For each N (1, 10, 30; 1 and 3 with --quick) three private redis-servers
+run at once, each with N real ``celery worker -P solo`` processes of
+``bench/app.py`` consuming two queues (``bench``, ``bench2``):
+
+- ``celery``: plain Celery (kombu's BRPOP, 1 s timeout);
+- ``dlq``: celery-dlq on a server with ``notify-keyspace-events Kl`` (the
+  idle fetch waits for keyspace notifications);
+- ``dlq-fallback``: celery-dlq on a server without them (the idle fetch
+  blocks on its first list, 1 s, then looks at every list).
+
+All three sides are measured in the same windows, so every round is
+interleaved by construction. Reported, medians over the rounds (and min-max):
+
+1. **Idle**: Redis commands/s and Redis CPU (ms/s, ``INFO cpu``) per worker,
+   from ``INFO commandstats`` deltas (the benchmark's own INFO calls excluded).
+2. **Pickup** after 60 s idle (10 s with --quick): a ``bench.stamp`` message
+   carrying its publish time, on the default queue, the second queue and a
+   priority sub-list (priority 9 on ``bench``); publish to task start, p50/p99
+   over the samples (the first after the full idle, the next 1.5-3 s apart).
+3. **Parked retries** (celery-dlq sides): 3,000 tasks (300 with --quick)
+   failing twice (``bench.flaky``, redelivery delay 0.1 s). The movers'
+   Redis commands/s are counted with MONITOR, by command (the mover's scripts
+   and what they run inside Redis, its BZPOPMIN/PTTL/EXISTS/PEXPIRE on the mover keys, its
+   HGETALL of the parked counts, its redelivered_total increments); the
+   lateness of each redelivery is the mover's move time minus the entry's
+   due time, from the archive's ``parked`` and ``redelivered`` events.
+4. **At rest** (the notified celery-dlq side): 1,000 retries (200 with
+   --quick) parked an hour away, nothing due: the movers' commands/s over
+   two windows (MONITOR): what coordinating N movers costs by itself.
+
+Run ``uptime`` beside it: the figures are only as quiet as the machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+from celery import Celery  # noqa: E402
+
+from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
+
+SIDES = {"celery": ("celery", ()), "dlq": ("dlq", ("--notify-keyspace-events", "Kl")),
+         "dlq-fallback": ("dlq", ())}
+LISTS = {"default queue": {"queue": "bench"}, "second queue": {"queue": "bench2"},
+         "priority sub-list": {"queue": "bench", "priority": 9}}
+MOVER_SCRIPTS = ("move_due", "next_due", "mover_lease", "claim_due", "ack", "release")
+OWN = ("info", "monitor", "client|list", "ping", "xrange", "get", "llen", "lrange", "rpush")
+
+
+def blocked_fetches(client: redis.Redis) -> int:
+    return sum(1 for c in client.client_list() if c.get("cmd") in ("brpop", "blmove", "bzpopmin"))
+
+
+def snapshot(client: redis.Redis) -> tuple[float, dict[str, int], float]:
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    calls = {name[len("cmdstat_"):]: int(row["calls"]) for name, row in stats.items()}
+    return time.monotonic(), calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+def rates(before, after, n: int, exclude: tuple[str, ...] = ("info",)) -> tuple[float, float, dict[str, float]]:
+    """(commands/s per worker, Redis CPU ms/s per worker, commands/s by command over all workers)."""
+    seconds = after[0] - before[0]
+    per = {name: (after[1].get(name, 0) - before[1].get(name, 0)) / seconds for name in after[1]
+           if name not in exclude}
+    per = {name: v for name, v in per.items() if v > 0}
+    return sum(per.values()) / n, (after[2] - before[2]) * 1000 / seconds / n, per
+
+
+class Monitor(threading.Thread):
+    """Counts the movers' commands on one server (MONITOR), by the rules in the module docstring."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        from celery_dlq.redis.scripts import script_source
+
+        self.url, self.stop_flag, self.count, self.by = url, False, 0, {}
+        self.shas = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in MOVER_SCRIPTS}
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        inside = False
+        with client.monitor() as mon:
+            self.ready.set()
+            for cmd in mon.listen():
+                if self.stop_flag:
+                    return
+                parts = cmd["command"].split(" ")
+                name = parts[0].upper()
+                if cmd.get("client_type") == "lua":
+                    if inside:
+                        self._add(f"lua {name}")
+                    continue
+                inside = name == "EVALSHA" and len(parts) > 1 and parts[1] in self.shas
+                key = parts[1] if len(parts) > 1 else ""
+                if inside:
+                    self._add(f"EVALSHA {self.shas[parts[1]]}")
+                elif (name == "BZPOPMIN" and key.endswith(":wake")) or (name == "PTTL" and key.endswith(":mover")) \
+                        or (name in ("EXISTS", "PEXPIRE") and key.endswith((":mover", ":mover:standby"))) \
+                        or (name == "HGETALL" and key.endswith(":parked")) \
+                        or (name == "SMEMBERS" and key.endswith(":layout")) \
+                        or (name == "HINCRBY" and key.endswith(":metrics") and "redelivered_total" in cmd["command"]):
+                    self._add(name)
+
+    def _add(self, what: str) -> None:
+        self.count += 1
+        self.by[what] = self.by.get(what, 0) + 1
+
+    def stop(self) -> None:
+        self.stop_flag = True
+        redis.Redis.from_url(self.url).ping()   # a line, so the loop sees the flag
+
+
+def lateness(client: redis.Redis, prefix: str) -> list[float]:
+    """Seconds from each entry's due time to its move, paired per task by order (the archive's events)."""
+    parked, moved = {}, {}
+    for _, fields in client.xrange(f"{{{prefix}}}:events"):
+        f = {k.decode(): v.decode() for k, v in fields.items()}
+        if f.get("type") == "parked" and f.get("due_us"):
+            parked.setdefault(f["task_id"], []).append(int(f["due_us"]))
+        elif f.get("type") == "redelivered":
+            moved.setdefault(f["task_id"], []).append(int(f["ts_us"]))
+    out = []
+    for task_id, dues in parked.items():
+        for due, at in zip(sorted(dues), sorted(moved.get(task_id, []))):
+            out.append((at - due) / 1e6)
+    return out
+
+
+def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
+    mode, args = SIDES[side]
+    server = RedisServer(None, *args).start()
+    workers = [BenchWorker(server.url, "bench", mode, prefix=f"b9{side}", concurrency=1, queues="bench,bench2",
+                           pool="solo", name=f"{side}-{i}@%h") for i in range(n)]
+    return server, workers
+
+
+def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int) -> dict:
+    sides = {side: start_side(n, side) for side in SIDES}
+    clients = {side: redis.Redis.from_url(server.url) for side, (server, _) in sides.items()}
+    result: dict = {"n": n, "idle": {}, "pickup": {}, "parked": {}}
+    try:
+        deadline = time.monotonic() + 60 + 10 * n
+        while any(blocked_fetches(c) < n for c in clients.values()):
+            for _, workers in sides.values():
+                for w in workers:
+                    if w.proc.poll() is not None:
+                        raise RuntimeError(f"a worker exited:\n{w.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers never all waited on Redis")
+            time.sleep(0.5)
+        apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in SIDES}
+        for side, app in apps.items():   # warm up: a worker's first task is slower than any later one
+            for options in LISTS.values():
+                app.send_task("bench.stamp", args=(time.time(),), **options)
+        for side, c in clients.items():
+            end = time.monotonic() + 30
+            while c.llen(f"b9{side}:pickup") < len(LISTS) and time.monotonic() < end:
+                time.sleep(0.05)
+            c.delete(f"b9{side}:pickup")
+        time.sleep(5.0)   # start-up work (first fetches, lease, subscriptions) settles
+        idle_started = time.monotonic()
+        for _ in range(rounds):
+            before = {side: snapshot(c) for side, c in clients.items()}
+            time.sleep(window)
+            after = {side: snapshot(c) for side, c in clients.items()}
+            for side in SIDES:
+                result["idle"].setdefault(side, []).append(rates(before[side], after[side], n))
+        time.sleep(max(0.0, idle_first - (time.monotonic() - idle_started)))
+        for k in range(samples):
+            for label, options in LISTS.items():
+                for side, app in apps.items():
+                    app.send_task("bench.stamp", args=(time.time(),), **options)
+                for side, c in clients.items():
+                    key = f"b9{side}:pickup"
+                    end = time.monotonic() + 10
+                    while c.llen(key) < k * len(LISTS) + list(LISTS).index(label) + 1 and time.monotonic() < end:
+                        time.sleep(0.002)
+                    result["pickup"].setdefault(side, {}).setdefault(label, []).append(float(c.lindex(key, -1)))
+                time.sleep(random.uniform(1.5, 3.0))
+        for side in ("dlq", "dlq-fallback"):
+            result["parked"][side] = parked_phase(sides[side][0].url, clients[side], apps[side], side, tasks)
+        result["at_rest"] = at_rest_phase(sides["dlq"][0].url, clients["dlq"], apps["dlq"], "dlq", park, window)
+        for app in apps.values():
+            app.close()
+    finally:
+        for _, workers in sides.values():   # all at once: one by one, 90 warm shutdowns take minutes
+            for w in workers:
+                if w.proc.poll() is None:
+                    w.proc.send_signal(signal.SIGTERM)
+        for server, workers in sides.values():
+            for w in workers:
+                w.stop()
+            server.stop()
+    return result
+
+
+def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: int) -> dict:
+    monitor = Monitor(url)
+    monitor.start()
+    monitor.ready.wait(10)
+    started = time.monotonic()
+    before = snapshot(client)
+    with app.producer_or_acquire() as producer:
+        for i in range(tasks):
+            app.send_task("bench.flaky", args=(i,), queue="bench", producer=producer)
+    done_key = f"b9{side}:done"
+    end = time.monotonic() + 600
+    while int(client.get(done_key) or 0) < tasks and time.monotonic() < end:
+        time.sleep(0.05)
+    seconds = time.monotonic() - started
+    after = snapshot(client)
+    monitor.stop()
+    late = lateness(client, f"b9{side}")
+    return {"seconds": seconds, "done": int(client.get(done_key) or 0), "mover_cmds_s": monitor.count / seconds,
+            "mover_cmds": monitor.count,
+            "mover_by": {k: v / seconds for k, v in sorted(monitor.by.items(), key=lambda kv: -kv[1])[:8]},
+            "total_cmds_s": sum(rates(before, after, 1, exclude=("info", "monitor"))[2].values()),
+            "late_p50_ms": pct(late, 50) * 1000 if late else None,
+            "late_p99_ms": pct(late, 99) * 1000 if late else None,
+            "late_max_ms": max(late) * 1000 if late else None, "moves": len(late)}
+
+
+def at_rest_phase(url: str, client: redis.Redis, app: Celery, side: str, n: int, window: float) -> dict:
+    """``n`` retries parked an hour away (``bench.park_long``): the movers' commands/s with nothing due."""
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            app.send_task("bench.park_long", args=(i,), queue="bench", producer=producer)
+    end = time.monotonic() + 300
+    while client.zcard(f"{{b9{side}}}:delayed") < n and time.monotonic() < end:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    monitor = Monitor(url)
+    monitor.start()
+    monitor.ready.wait(10)
+    started = time.monotonic()
+    time.sleep(window * 2)
+    seconds = time.monotonic() - started
+    monitor.stop()
+    return {"parked": int(client.zcard(f"{{b9{side}}}:delayed")), "seconds": seconds,
+            "mover_cmds_s": monitor.count / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def report(results: list[dict]) -> None:
+    rows = []
+    for r in results:
+        for side in SIDES:
+            windows = r["idle"][side]
+            rows.append([r["n"], side, spread([w[0] for w in windows]), spread([w[1] for w in windows], "{:.3f}"),
+                         " ".join(f"{k} {v / r['n']:.2f}" for k, v in sorted(windows[len(windows) // 2][2].items(),
+                                                                             key=lambda kv: -kv[1])[:5])])
+    print("\nIdle, per worker (median of the rounds, min-max):")
+    print_table(["N", "side", "commands/s", "Redis CPU ms/s", "by command (one round)"], rows)
+    rows = []
+    for r in results:
+        for side in SIDES:
+            for label, values in r["pickup"][side].items():
+                rows.append([r["n"], side, label, f"{values[0] * 1000:.1f}", f"{pct(values, 50) * 1000:.1f}",
+                             f"{pct(values, 99) * 1000:.1f}", len(values)])
+    print("\nPickup, publish to task start (ms): the first sample after the full idle, then p50/p99:")
+    print_table(["N", "side", "list", "first", "p50", "p99", "samples"], rows)
+    rows = []
+    for r in results:
+        for side, p in r["parked"].items():
+            rows.append([r["n"], side, p["done"], f"{p['seconds']:.1f}", f"{p['mover_cmds_s']:.1f}",
+                         f"{p['total_cmds_s']:.0f}", f"{p['late_p50_ms']:.1f}", f"{p['late_p99_ms']:.1f}",
+                         f"{p['late_max_ms']:.1f}", p["moves"], f"{p['mover_cmds'] / max(1, p['moves']):.1f}"])
+    print("\nParked retries (tasks failing twice, 0.1 s delay): movers' commands/s (MONITOR), lateness (ms):")
+    print_table(["N", "side", "tasks", "s", "movers cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves",
+                 "movers cmd/move"], rows)
+    print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR):")
+    print_table(["N", "parked", "s", "movers cmd/s", "by command (/s)"],
+                [[r["n"], r["at_rest"]["parked"], f"{r['at_rest']['seconds']:.0f}",
+                  f"{r['at_rest']['mover_cmds_s']:.2f}",
+                  ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["at_rest"]["mover_by"].items(),
+                                                                key=lambda kv: -kv[1]))]
+                 for r in results])
+    for r in results:
+        for side, p in r["parked"].items():
+            print(f"  N={r['n']} {side} movers by command (/s): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in p["mover_by"].items()))
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--workers", default=None, help="comma-separated N values (default 1,10,30; 1,3 with --quick)")
+    p.add_argument("--json", default=None, help="write the raw results here")
+    args = p.parse_args()
+    ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
+    rounds, window = (2, 5.0) if args.quick else (3, 20.0)
+    idle_first, samples, tasks, park = (10.0, 3, 300, 200) if args.quick else (60.0, 12, 3000, 1000)
+    print(machine())
+    results = []
+    for n in ns:
+        print(f"N={n} ...", flush=True)
+        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
