@@ -73,6 +73,19 @@ def any_redis(request):
     client.close()
 
 
+@pytest.fixture(params=["fakeredis", "redis"])
+def emptied_any_redis(request):
+    """As ``any_redis``, for tests that read the whole database: the real server's is emptied after the test."""
+    if request.param == "fakeredis":
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    else:
+        client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+    yield client
+    if request.param == "redis":
+        client.flushdb()
+    client.close()
+
+
 @pytest.fixture
 def unique():
     """A short unique suffix for key prefixes and queue names of one test."""

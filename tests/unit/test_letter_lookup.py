@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-import fakeredis
 import pytest
-import redis
 from celery import Celery
 
 from celery_dlq.manage import Operator
@@ -18,14 +16,9 @@ from celery_dlq.web import create_app
 from tests.unit.test_web import client
 
 
-@pytest.fixture(params=["fakeredis", "redis"])
-def broker(request, redis_server):
-    c = (fakeredis.FakeRedis(server=fakeredis.FakeServer()) if request.param == "fakeredis"
-         else redis.Redis.from_url(redis_server.url))
-    yield c
-    if request.param == "redis":
-        c.flushdb()
-    c.close()
+@pytest.fixture
+def broker(emptied_any_redis):
+    return emptied_any_redis
 
 
 def element(task_id: str, n: int) -> str:

@@ -7,7 +7,6 @@ from html import unescape
 
 import fakeredis
 import pytest
-import redis
 from celery import Celery
 
 from celery_dlq.manage import Operator
@@ -23,14 +22,9 @@ from tests.unit.test_web import client
 T0 = 1_800_000_000.0   # a whole hour: 500,000 hours
 
 
-@pytest.fixture(params=["fakeredis", "redis"])
-def any_redis(request, redis_server):
-    c = (fakeredis.FakeRedis(server=fakeredis.FakeServer()) if request.param == "fakeredis"
-         else redis.Redis.from_url(redis_server.url))
-    yield c
-    if request.param == "redis":
-        c.flushdb()
-    c.close()
+@pytest.fixture
+def any_redis(emptied_any_redis):
+    return emptied_any_redis
 
 
 def count(client, keys, at, n=1, names=("dead_lettered|queue|orders",)):
