@@ -62,13 +62,16 @@ def real_redis(redis_server):
     client.close()
 
 
+def _fake_or_real(request) -> redis.Redis:
+    if request.param == "fakeredis":
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    return redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+
+
 @pytest.fixture(params=["fakeredis", "redis-server"])
 def any_redis(request):
     """Run a test once on fakeredis (with Lua) and once on the real server."""
-    if request.param == "fakeredis":
-        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    else:
-        client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+    client = _fake_or_real(request)
     yield client
     client.close()
 
@@ -76,10 +79,7 @@ def any_redis(request):
 @pytest.fixture(params=["fakeredis", "redis"])
 def emptied_any_redis(request):
     """As ``any_redis``, for tests that read the whole database: the real server's is emptied after the test."""
-    if request.param == "fakeredis":
-        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    else:
-        client = redis.Redis.from_url(request.getfixturevalue("redis_server").url)
+    client = _fake_or_real(request)
     yield client
     if request.param == "redis":
         client.flushdb()
