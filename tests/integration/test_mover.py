@@ -1,6 +1,7 @@
 """Movers sharing one store, a mover dying mid-move, and memory with many parked retries."""
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
