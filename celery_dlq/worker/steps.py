@@ -18,6 +18,7 @@ from celery import bootsteps
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.internals import base as internals
+from celery_dlq.internals.base import Feature
 from celery_dlq.internals.billiard_einfo import COMPACT_TRACEBACKS, compact_tracebacks
 from celery_dlq.internals.celery_worker import DISCARDS, POOL_IO, UNCOUNT
 from celery_dlq.internals.features import FEATURES
@@ -49,52 +50,50 @@ class Settings(bootsteps.Step):
             internals.usable(feature)
 
 
-class FetchTransport(bootsteps.Step):
-    """The worker's broker connections use celery-dlq's fetch (before the Connection step connects)."""
+class FeatureStep(bootsteps.Step):
+    """A step resting on library internals: included only when its ``feature`` holds (else one WARNING, at
+    Settings, and the step is left out). Every step requires Settings (:func:`bound_steps`)."""
 
-    requires = (Settings,)
-    runtime: Runtime
+    feature: Feature
 
     def include_if(self, c: Any) -> bool:
-        return internals.usable(FETCH)
+        return internals.usable(self.feature)
+
+
+class FetchTransport(FeatureStep):
+    """The worker's broker connections use celery-dlq's fetch (before the Connection step connects)."""
+
+    feature = FETCH
+    runtime: Runtime
 
     def create(self, c: Any) -> None:
         use_in_worker(c.app, self.runtime)
 
 
-class KeepPoolIO(bootsteps.Step):
+class KeepPoolIO(FeatureStep):
     """Half-done prefork pipe reads and writes carry on across a broker reconnect (worker/poolfix.py)."""
 
-    requires = (Settings,)
-
-    def include_if(self, c: Any) -> bool:
-        return internals.usable(POOL_IO)
+    feature = POOL_IO
 
     def create(self, c: Any) -> None:
         controller = getattr(c, "controller", None)
         keep_half_done_io(getattr(controller, "hub", None), getattr(controller, "pool", None))
 
 
-class CompactTracebacks(bootsteps.Step):
+class CompactTracebacks(FeatureStep):
     """Failed tasks pickle one code position per frame (before the pool forks)."""
 
-    requires = (Settings,)
-
-    def include_if(self, c: Any) -> bool:
-        return internals.usable(COMPACT_TRACEBACKS)
+    feature = COMPACT_TRACEBACKS
 
     def create(self, c: Any) -> None:
         compact_tracebacks()
 
 
-class DeadLetterDiscards(bootsteps.Step):
+class DeadLetterDiscards(FeatureStep):
     """Unknown-task, invalid and undecodable messages are dead-lettered before Celery discards them."""
 
-    requires = (Settings,)
+    feature = DISCARDS
     runtime: Runtime
-
-    def include_if(self, c: Any) -> bool:
-        return internals.usable(DISCARDS)
 
     def create(self, c: Any) -> None:
         rt = self.runtime
@@ -105,14 +104,11 @@ class DeadLetterDiscards(bootsteps.Step):
         c.on_decode_error = dead_letter_first(rt, c, c.on_decode_error, Reason.INVALID_MESSAGE, body_first=False)
 
 
-class UncountUnstarted(bootsteps.Step):
+class UncountUnstarted(FeatureStep):
     """When the consumer closes, reserved messages that never started give their delivery counts back."""
 
-    requires = (Settings,)
+    feature = UNCOUNT
     runtime: Runtime
-
-    def include_if(self, c: Any) -> bool:
-        return internals.usable(UNCOUNT)
 
     def create(self, c: Any) -> None:
         c.blueprint.on_close = uncount_first(self.runtime, c.blueprint.on_close)
@@ -127,7 +123,7 @@ def bound_steps(runtime: Runtime) -> list[type]:
     made: dict[type, type] = {}
     for step in STEPS:
         requires = tuple(made.get(dep, dep) for dep in step.requires)
-        if step is not Settings and Settings not in step.requires:
+        if step is not Settings:
             requires += (made[Settings],)
         made[step] = type(step.__name__, (step,), {"__module__": step.__module__, "runtime": runtime,
                                                   "requires": requires})
