@@ -23,9 +23,12 @@ interleaved by construction. Reported, medians over the rounds (and min-max):
    failing twice (``bench.flaky``, redelivery delay 0.1 s). The movers'
    Redis commands/s are counted with MONITOR, by command (the mover's scripts
    and what they run inside Redis, its BZPOPMIN/PTTL/EXISTS/PEXPIRE on the mover keys, its
-   HGETALL of the parked counts, its redelivered_total increments); the
-   lateness of each redelivery is the mover's move time minus the entry's
-   due time, from the archive's ``parked`` and ``redelivered`` events.
+   HGETALL of the parked counts, its redelivered_total increments); apart
+   from them, what the workers' fetch scripts run on the store's keys (their
+   check for due entries and their moves: ``worker/fetch_moves.py``); the
+   lateness of each redelivery is its move time (by the mover or a fetch)
+   minus the entry's due time, from the archive's ``parked`` and
+   ``redelivered`` events.
 4. **At rest** (the notified celery-dlq side): 1,000 retries (200 with
    --quick) parked an hour away, nothing due: the movers' commands/s over
    two windows (MONITOR): what coordinating N movers costs by itself.
@@ -87,11 +90,14 @@ class Monitor(threading.Thread):
 
         self.url, self.stop_flag, self.count, self.by = url, False, 0, {}
         self.shas = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in MOVER_SCRIPTS}
+        self.fetch_sha = hashlib.sha1(script_source("fetch").encode()).hexdigest()
+        #: Commands the fetch scripts ran on the store's keys (their check for due entries, their moves).
+        self.fetch_count = 0
         self.ready = threading.Event()
 
     def run(self) -> None:
         client = redis.Redis.from_url(self.url)
-        inside = False
+        inside = in_fetch = False
         with client.monitor() as mon:
             self.ready.set()
             for cmd in mon.listen():
@@ -102,8 +108,11 @@ class Monitor(threading.Thread):
                 if cmd.get("client_type") == "lua":
                     if inside:
                         self._add(f"lua {name}")
+                    elif in_fetch and len(parts) > 1 and parts[1].startswith("{"):
+                        self.fetch_count += 1
                     continue
                 inside = name == "EVALSHA" and len(parts) > 1 and parts[1] in self.shas
+                in_fetch = name == "EVALSHA" and len(parts) > 1 and parts[1] == self.fetch_sha
                 key = parts[1] if len(parts) > 1 else ""
                 if inside:
                     self._add(f"EVALSHA {self.shas[parts[1]]}")
@@ -225,7 +234,7 @@ def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: i
     monitor.stop()
     late = lateness(client, f"b9{side}")
     return {"seconds": seconds, "done": int(client.get(done_key) or 0), "mover_cmds_s": monitor.count / seconds,
-            "mover_cmds": monitor.count,
+            "mover_cmds": monitor.count, "fetch_moves_cmds_s": monitor.fetch_count / seconds,
             "mover_by": {k: v / seconds for k, v in sorted(monitor.by.items(), key=lambda kv: -kv[1])[:8]},
             "total_cmds_s": sum(rates(before, after, 1, exclude=("info", "monitor"))[2].values()),
             "late_p50_ms": pct(late, 50) * 1000 if late else None,
@@ -250,7 +259,7 @@ def at_rest_phase(url: str, client: redis.Redis, app: Celery, side: str, n: int,
     seconds = time.monotonic() - started
     monitor.stop()
     return {"parked": int(client.zcard(f"{{b9{side}}}:delayed")), "seconds": seconds,
-            "mover_cmds_s": monitor.count / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
+            "fetch_moves_cmds_s": monitor.fetch_count / seconds, "mover_cmds_s": monitor.count / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -279,10 +288,10 @@ def report(results: list[dict]) -> None:
     for r in results:
         for side, p in r["parked"].items():
             rows.append([r["n"], side, p["done"], f"{p['seconds']:.1f}", f"{p['mover_cmds_s']:.1f}",
-                         f"{p['total_cmds_s']:.0f}", f"{p['late_p50_ms']:.1f}", f"{p['late_p99_ms']:.1f}",
+                         f"{p.get('fetch_moves_cmds_s', 0):.1f}", f"{p['total_cmds_s']:.0f}", f"{p['late_p50_ms']:.1f}", f"{p['late_p99_ms']:.1f}",
                          f"{p['late_max_ms']:.1f}", p["moves"], f"{p['mover_cmds'] / max(1, p['moves']):.1f}"])
     print("\nParked retries (tasks failing twice, 0.1 s delay): movers' commands/s (MONITOR), lateness (ms):")
-    print_table(["N", "side", "tasks", "s", "movers cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves",
+    print_table(["N", "side", "tasks", "s", "movers cmd/s", "fetch moves cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves",
                  "movers cmd/move"], rows)
     print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR):")
     print_table(["N", "parked", "s", "movers cmd/s", "by command (/s)"],

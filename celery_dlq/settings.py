@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
     "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again
     "dlq_fetch_notifications": "auto",  # wake an idle fetch by keyspace notifications: auto, off, configure
+    "dlq_fetch_moves_due": True,    # a fetch first moves due parked retries of its own queues (Redis broker)
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
     "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
     "dlq_store_shards": 1,          # the store split over N hash tags ({prefix:0} ...): spread over a Redis Cluster
@@ -110,6 +111,7 @@ class DLQSettings:
     fetch_transport: bool
     fetch_wait: float
     fetch_notifications: str
+    fetch_moves_due: bool
     redis_cluster: bool
     store_shards: int
     store_min_replicas: int
@@ -144,6 +146,7 @@ class DLQSettings:
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
             fetch_notifications=_choice("dlq_fetch_notifications", get("dlq_fetch_notifications"),
                                         FETCH_NOTIFICATIONS),
+            fetch_moves_due=_flag("dlq_fetch_moves_due", get("dlq_fetch_moves_due")),
             redis_cluster=_cluster(conf, _flag("dlq_redis_cluster", get("dlq_redis_cluster"))),
             store_shards=_count("dlq_store_shards", get("dlq_store_shards")),
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),

@@ -187,6 +187,10 @@ class Keys:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
 
+    def move_keys(self) -> tuple[str, ...]:
+        """The keys a move of due entries takes (``move_due.lua``, and ``fetch.lua`` when it moves), in order."""
+        return (*self.store_keys(), self.stats, self.events, self.expiries)
+
 
 
 @lru_cache(maxsize=4096)

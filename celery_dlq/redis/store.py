@@ -68,6 +68,13 @@ class DirectPayload:
         return cls(queue.decode(), dest.decode(), task.decode(), element)
 
 
+def add_moves(counts: Counter[tuple[str, str]], reply: Sequence[Any], start: int) -> Counter[tuple[str, str]]:
+    """Add a move script's counts (``queue, task, n, ...`` from ``reply[start]`` on) to ``counts``; returns it."""
+    for i in range(start, len(reply) - 2, 3):
+        counts[(_text(reply[i]), _text(reply[i + 1]))] += int(reply[i + 2])
+    return counts
+
+
 def to_ms(seconds: float) -> int:
     """Unix seconds (float) to the integer milliseconds Redis scores hold."""
     return int(round(seconds * 1000))
@@ -207,15 +214,13 @@ class DelayedStore:
         k = self.keys
         now_s = self.clock() if now is None else now
         reply = self._scripts.run(
-            "move_due", [*k.store_keys(), k.stats, k.events, k.expiries, *lists],
+            "move_due", [*k.move_keys(), *lists],
             [to_ms(now_s), int(limit), int(events_max_length), int(now_s * 1_000_000), counter])
         moved, left = int(reply[0]), int(reply[1])
         if moved and self.replication is not None:
             self.replication.confirm("move")
         if moved:   # redelivered_total per (queue, task): the script returns the counts, fields are built here
-            counts = Counter() if tally is None else tally
-            for i in range(2, len(reply), 3):
-                counts[(_text(reply[i]), _text(reply[i + 1]))] += int(reply[i + 2])
+            counts = add_moves(Counter() if tally is None else tally, reply, 2)
             if tally is None:
                 self.count_redelivered(counts)
         return moved, left

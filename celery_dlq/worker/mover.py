@@ -105,10 +105,7 @@ class MoverThread(threading.Thread):
                            "it expires", exc_info=True)
 
     def _flush_counters(self) -> None:
-        try:
-            self.runtime.counters.flush()
-        except Exception:
-            logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
+        flush_counts(self.runtime)
 
     def move_due(self) -> int:
         """Move every due entry now, a batch per round trip; returns how many were moved or published.
@@ -306,6 +303,19 @@ class MoverThread(threading.Thread):
         return True
 
 
+def flush_counts(runtime: Runtime) -> None:
+    """Delete the delivery counters of acknowledged messages and count the fetches' moves (never raises;
+    counters of tasks finishing later expire with their TTL)."""
+    try:
+        runtime.counters.flush()
+    except Exception:
+        logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
+    try:
+        runtime.fetch_moved.flush(runtime.store)
+    except Exception:
+        logger.exception("celery-dlq mover: could not count the messages this worker's fetches redelivered")
+
+
 def _envelope_of(payload: bytes) -> Envelope:
     """A parked payload (either format) as the message it holds."""
     direct = DirectPayload.loads(payload)
@@ -347,9 +357,6 @@ class Mover(bootsteps.StartStopStep):
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
-        try:  # what was acknowledged since the last tick (tasks finishing later expire with their TTL)
-            self.runtime.counters.flush()
-        except Exception:
-            logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
+        flush_counts(self.runtime)   # what was acknowledged or moved since the last tick
 
     shutdown = stop

@@ -45,6 +45,7 @@ from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.tasklevel import task_levels
 from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.worker.fetch_moves import FetchMoves, MoveTally, fetch_moves
 from celery_dlq.worker.task_events import TaskEvents
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Runtime:
         self.timer: Any = None
         #: Celery task events (``-E``); the task strategy hands it the worker's consumer.
         self.events = TaskEvents(app)
+        #: Due entries this process's fetches moved (``worker/fetch_moves.py``), written by the mover thread.
+        self.fetch_moved = MoveTally()
 
     # -- configuration ------------------------------------------------------
 
@@ -222,6 +225,11 @@ class Runtime:
             return broker_url(self.app.conf) == self.settings.redis_url
         except BrokerNotSupported:
             return False
+
+    @cached_property
+    def fetch_moves(self) -> FetchMoves | None:
+        """What a fetch needs to move its own queues' due entries first, or None (``worker/fetch_moves.py``)."""
+        return fetch_moves(self)
 
     @property
     def broker(self) -> Any:

@@ -18,7 +18,8 @@ everything else are kombu's):
   a body that is not valid base64, headers that are not an object, a
   protocol-2 message without an ``id``, ...) is moved *raw*, byte for byte,
   to the DLQ of its queue (reason ``invalid_message``, the parse error in
-  ``x-dlq-exception-message``) in one script, with one WARNING.
+  ``x-dlq-exception-message``) in one script, with one WARNING
+  (:mod:`celery_dlq.worker.rejects`).
 * **Wait without taking.** A script cannot block, so when every list is
   empty the channel blocks on a wake key of its own, which a thread hearing
   keyspace notifications of its lists writes (:mod:`celery_dlq.worker.fetch_wake`),
@@ -26,6 +27,10 @@ everything else are kombu's):
   with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one
   of its queues (a no-op move that wakes as soon as a message arrives
   there); messages on other lists then wait at most ``dlq_fetch_wait``.
+* **Move what came due first.** Where the broker is the store, the fetch
+  script first moves due parked retries bound for the lists it pops from
+  (:mod:`celery_dlq.worker.fetch_moves`), so a busy worker's retry does not
+  wait for the mover.
 * **Recover on reconnect.** Tags this process fetched but no live channel of
   it holds (a reply lost with the connection, a channel closed while Redis
   was down) are given back to their queues when the next channel starts.
@@ -42,6 +47,7 @@ import os
 import socket
 import time
 import weakref
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -52,17 +58,15 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from kombu.utils.uuid import uuid
 
-from celery_dlq.element import envelope_error, raw_dead_letter
-from celery_dlq.message import decode_raw
-from celery_dlq.headers import Reason
+from celery_dlq.element import envelope_error
 from celery_dlq.internals.kombu_redis import (consume_order, deliver, flush_reauth, forget_held, held_tags,
                                               list_key, rotate, set_in_poll)
-from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import Keys, Stat
-from celery_dlq.redis.metrics import Metric
+from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
+from celery_dlq.worker.fetch_moves import FetchMoves
 from celery_dlq.worker.fetch_wake import NOTIFIED_WAIT, Waker, log_mode_once, notifications_on
+from celery_dlq.worker.rejects import reject, release_quarantine
 from celery_dlq.worker.transport_setup import OPTION_NOTIFY, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
@@ -176,7 +180,10 @@ class Channel(kombu_redis.Channel):
         if waker is not None:
             waker.begin_fetch()
         self._dlq_sent = ("EVALSHA", keys)
-        connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), time.time())
+        now = time.time()
+        moves = self._dlq_moves if len(all_keys) > 2 * len(keys) + 3 else None
+        connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), now,
+                                *(moves.args(now) if moves else ()))
 
     def _dlq_waker_for(self, lists: list[str]) -> Waker | None:
         """The waker of an idle wait on ``lists`` (full names), or None: no notifications, or not yet heard."""
@@ -200,7 +207,8 @@ class Channel(kombu_redis.Channel):
             all_keys = [prefix + key for key in keys] + \
                 [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
                 [prefix + self.unacked_key, prefix + self.unacked_index_key,
-                 self._dlq_keys.fetched(self._dlq_consumer)]
+                 self._dlq_keys.fetched(self._dlq_consumer)] + \
+                list(self._dlq_moves.keys if self._dlq_moves else ())   # fetch_moves.py
             cached = self._dlq_key_cache[queues] = (keys, all_keys)
         return cached
 
@@ -235,11 +243,20 @@ class Channel(kombu_redis.Channel):
             self._dlq_sent = None
             flush_reauth(self)
 
+    @cached_property
+    def _dlq_moves(self) -> FetchMoves | None:
+        runtime = runtime_by_ident(self._dlq_runtime_ident)
+        return None if runtime is None else runtime.fetch_moves
+
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
-        index, element, status, tag = reply
+        index, element, status, tag = reply[:4]
+        if len(reply) > 4:   # due entries this fetch moved onto its lists (fetch_moves.py)
+            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 4)
+        if bytes_to_str(status) == "none":
+            raise kombu_redis.Empty()
         queue = self._queue_of_key(keys[int(index) - 1])
         if bytes_to_str(status) == "quarantined":
-            self._dlq_release_quarantine(queue, element, "not a kombu message (not a JSON object with "
+            release_quarantine(self, queue, element, "not a kombu message (not a JSON object with "
                                                          "properties, delivery_tag and delivery_info)")
             raise kombu_redis.Empty()
         tag = bytes_to_str(tag)
@@ -250,7 +267,7 @@ class Channel(kombu_redis.Channel):
         else:
             error = envelope_error(message)
         if error:
-            self._dlq_reject(queue, element, tag, error)
+            reject(self, queue, element, tag, error)
             raise kombu_redis.Empty()
         self._dlq_recorded.add(tag)
         rotate(self, queue)
@@ -286,75 +303,6 @@ class Channel(kombu_redis.Channel):
     def settled(self, delivery_tag: str) -> None:
         """A script removed ``delivery_tag`` from the unacked records: acking it needs no round trip."""
         self._dlq_settled.add(delivery_tag)
-
-    # -- what cannot be a message -------------------------------------------------
-
-    def _dlq_dead_letter_queue(self, queue: str) -> str | None:
-        runtime = runtime_by_ident(self._dlq_runtime_ident)
-        if runtime is None:
-            return f"DLQ.{queue}"
-        return runtime.settings.policy_for("", queue).dead_letter_queue(queue)
-
-    def _dlq_letter(self, queue: str, element: bytes, error: str) -> tuple[str | None, bytes | None]:
-        dlq = self._dlq_dead_letter_queue(queue)
-        if dlq is None:
-            return None, None
-        return dlq, raw_dead_letter(element, queue=queue, dlq=dlq, error=error, worker=self._dlq_consumer,
-                                    now=time.time(), tag=uuid())
-
-    def _dlq_reject(self, queue: str, element: bytes, tag: str, error: str) -> None:
-        """A fetched element that cannot be a task: out of unacked into its DLQ (raw, wrapped), in one script.
-
-        Where the queue's dead letters are dropped by policy, a malformed
-        message is still never dropped: it goes to the queue's quarantine, raw.
-        """
-        dlq, letter = self._dlq_letter(queue, element, error)
-        target = self._dlq_keys.quarantine(queue) if dlq is None else (self.global_keyprefix or "") + dlq
-        moved = self._dlq_scripts.run("reject_invalid", [*self.ack_keys(), target],
-                                      [tag, element if dlq is None else letter])
-        if not moved:
-            return   # no longer unacked: restored or handled meanwhile
-        if dlq is None:
-            logger.warning("celery-dlq: quarantined an invalid message from %r in %s: %s", queue, target, error)
-            return
-        self._dlq_dead_lettered(letter, queue, dlq, error)
-
-    def _dlq_release_quarantine(self, queue: str, element: bytes, error: str) -> None:
-        """An element fetch.lua quarantined: on to its DLQ, wrapped; it stays quarantined if that is impossible."""
-        dlq, letter = self._dlq_letter(queue, element, error)
-        where = self._dlq_keys.quarantine(queue)
-        if dlq is None:
-            logger.warning("celery-dlq: quarantined an invalid message from %r in %s: %s", queue, where, error)
-            return
-        try:
-            moved = self._dlq_scripts.run("release_quarantine",
-                                          [where, (self.global_keyprefix or "") + dlq],
-                                          [element, letter])
-        except redis.RedisError:
-            logger.warning("celery-dlq: quarantined an invalid message from %r in %s (could not move it to %s): "
-                           "%s", queue, where, dlq, error, exc_info=True)
-            return
-        if moved:
-            self._dlq_dead_lettered(letter, queue, dlq, error)
-
-    def _dlq_dead_lettered(self, letter: bytes, queue: str, dlq: str, error: str) -> None:
-        """One WARNING per invalid message dead-lettered, counted and archived."""
-        logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
-                       queue, dlq, error)
-        runtime = runtime_by_ident(self._dlq_runtime_ident)
-        if runtime is None:
-            return
-        try:
-            envelope = decode_raw(letter).as_envelope()
-            shard = runtime.shard(envelope.task_id)
-            pipe = runtime.client.pipeline(transaction=False)
-            pipe.hincrby(shard.keys.stats, Stat.DEAD_LETTERED, 1)
-            metrics.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
-                         reason=Reason.INVALID_MESSAGE)
-            pipe.execute()
-            shard.archive.dead_lettered(envelope, dlq)
-        except Exception:
-            logger.exception("celery-dlq: could not count or archive an invalid message's dead letter")
 
     # -- recovery and close ---------------------------------------------------------
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from celery import Celery
@@ -14,7 +15,9 @@ from celery_dlq.message import Envelope
 from celery_dlq.ops.parked import ParkedRetry
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
-from celery_dlq.redis.store import DelayedStore, DirectPayload
+from celery_dlq.redis.scripts import Scripts
+from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves
+from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves
 from tests.unit.test_fetch import FakeChannel, celery_message
 
 T0 = 1_700_000_000.0
@@ -141,3 +144,55 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
     [element] = runtime.client.lrange(dest, 0, -1)
     assert element == DirectPayload.loads(claimed[0].payload).element and runtime.store.count() == 0
     runtime.client.delete(dest)
+
+
+def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):
+    """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch_moves.py``)."""
+    keys = [*lists, *(store.keys.quarantine(name) for name in lists), "unacked", "unacked_index",
+            store.keys.fetched("c1"), *store.keys.move_keys()]
+    moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
+    return Scripts(store.client).run("fetch", keys, [len(lists), now, *moves.args(now)])
+
+
+def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):
+    c, k = store.client, store.keys
+    orders, high = f"orders{unique}", f"orders{unique}\x06\x169"
+    store.park("a:2", DirectPayload(orders, orders, "shop.charge", element("ta", "a")).dumps(), orders, due=T0 - 3)
+    store.park("b:3", DirectPayload(orders, high, "shop.charge", element("tb", "b")).dumps(), orders, due=T0 - 2)
+    store.park("c:2", DirectPayload("other", "other", "shop.x", element("tc", "c")).dumps(), "other", due=T0 - 1)
+    store.park("d:2", b'{"v": 1, "body": ""}', orders, due=T0 - 1)               # the publish format
+    store.park("e:2", DirectPayload(orders, orders, "shop.charge", element("te", "e")).dumps(), orders, due=T0 + 60)
+    try:
+        reply = fetch_moving(store, [high, orders])
+        assert reply[:4] == [1, element("tb", "b"), b"ok", b"tb"]        # moved, then popped in priority order
+        assert add_moves(Counter(), reply, 4) == {(orders, "shop.charge"): 2}
+        assert c.lrange(orders, 0, -1) == [element("ta", "a")] and c.llen(high) == 0
+        assert c.hexists("unacked", "tb") and c.sismember(k.fetched("c1"), "tb")
+        assert store.get("a:2") is None and store.get("b:3") is None
+        assert store.counts_by_queue() == {orders: 2, "other": 1}                   # d and e; c
+        assert c.hget(k.stats, Stat.REDELIVERED) == b"2"
+        events = [event for _, event in EventLog(c, k, 100).events()]
+        assert [(e.type, e.task_id, e.delivery, e.ts_us) for e in events] == [
+            ("redelivered", "a", 2, int(T0 * 1_000_000)), ("redelivered", "b", 3, int(T0 * 1_000_000))]
+        reply = fetch_moving(store, [high, orders])
+        assert reply == [2, element("ta", "a"), b"ok", b"ta"]                        # nothing moved twice
+        assert fetch_moving(store, [high, orders]) is None        # c: another list; d: publish; e: not due
+        assert fetch_moving(store, [high, orders], now=T0 + 61)[:4] == [2, element("te", "e"), b"ok", b"te"]
+    finally:
+        c.delete(orders, high, "other", "unacked", "unacked_index", k.fetched("c1"))
+
+
+def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, unique):
+    c, q = store.client, f"q{unique}"
+    for i in range(LIMIT + 5):
+        store.park(f"t{i}:2", DirectPayload(q, q, "shop.x", element(f"tag{i}", f"t{i}")).dumps(), q, due=T0 - 1)
+    try:
+        first = fetch_moving(store, [q], events_max_length=0)
+        assert add_moves(Counter(), first, 4) == {(q, "shop.x"): LIMIT}
+        assert store.count() == 5 and c.llen(q) == LIMIT - 1 and not c.exists(store.keys.events)
+        second = fetch_moving(store, [q], events_max_length=0)
+        assert add_moves(Counter(), second, 4) == {(q, "shop.x"): 5}
+        assert store.count() == 0 and c.llen(q) == LIMIT + 3
+        assert c.hget(store.keys.stats, Stat.REDELIVERED) == str(LIMIT + 5).encode()
+    finally:
+        c.delete(q, "unacked", "unacked_index", store.keys.fetched("c1"))

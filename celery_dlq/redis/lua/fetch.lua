@@ -9,13 +9,38 @@
 -- KEYS[2n+1]      unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
 -- KEYS[2n+2]      unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
 -- KEYS[2n+3]      fetched          (SET)  delivery tags this consumer fetched and has not acked
+-- KEYS[2n+4..2n+11] (only with ARGV[3] > 0) the parked store's keys, as move_due.lua takes them
 -- ARGV[1] = n, the number of queue lists
 -- ARGV[2] = now, unix seconds (float), the unacked_index score
--- Returns nil when every list is empty, else {i, element, status, tag}: status
--- is "ok" (recorded under delivery tag `tag`) or "quarantined" (moved to
--- KEYS[n+i]; tag is "").
+-- ARGV[3] = the most due parked entries moved onto these lists first (absent or 0: none): a busy
+--           worker moves what came due for its own queues without waiting for the mover, as BullMQ's
+--           moveToActive promotes delayed jobs (worker/fetch_moves.py); with move_due.lua's bookkeeping
+-- ARGV[4] = now (ms), for the moves
+-- ARGV[5] = the archive's MAXLEN (approximate); 0: no events
+-- ARGV[6] = the events' time (integer microseconds)
+-- ARGV[7] = the stats counter that counts the moves
+-- Returns nil when every list is empty and nothing was moved, else {i, element, status, tag, queue,
+-- task, n, ...}: status is "ok" (recorded under delivery tag `tag`), "quarantined" (moved to KEYS[n+i];
+-- tag is "") or "none" (nothing popped; i is 0); then the moves per queue and task, as move_due.lua's.
 local n = tonumber(ARGV[1])
-if redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (an empty list has no key):
+local moves = {}
+local limit = tonumber(ARGV[3] or '0')
+if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[2 * n + 4], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
+  local lists = {}
+  for i = 1, n do
+    lists[KEYS[i]] = i
+  end
+  local _, _, per_task = move_due_entries(2 * n + 4, lists, ARGV[4], limit, tonumber(ARGV[5]), ARGV[6], ARGV[7])
+  append_moves(moves, per_task)
+end
+local function reply(i, element, status, tag)
+  local out = {i, element, status, tag}
+  for _, v in ipairs(moves) do
+    out[#out + 1] = v
+  end
+  return out
+end
+if #moves == 0 and redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (no key):
   return nil                                           -- one command, not one RPOP per list
 end
 for i = 1, n do
@@ -33,10 +58,13 @@ for i = 1, n do
       redis.call('HSET', KEYS[2 * n + 1], tag, record)
       redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
       redis.call('SADD', KEYS[2 * n + 3], tag)
-      return {i, element, 'ok', tag}
+      return reply(i, element, 'ok', tag)
     end
     redis.call('LPUSH', KEYS[n + i], element)
-    return {i, element, 'quarantined', ''}
+    return reply(i, element, 'quarantined', '')
   end
+end
+if #moves > 0 then
+  return reply(0, '', 'none', '')
 end
 return nil

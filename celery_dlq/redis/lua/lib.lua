@@ -52,6 +52,76 @@ local function forget_entry(delayed_key, queues_key, parked_key, expiries_key, i
 end
 
 
+-- Move up to LIMIT due direct-format entries onto their lists, each with its bookkeeping in the same step
+-- (move_due.lua for the mover; fetch.lua for the fetching worker's own lists). S is where the store's keys
+-- start in KEYS, in move_due.lua's order: delayed, leases, payloads, queues, parked, stats, events, expiries.
+-- LISTS maps each list that may be written to its index in KEYS; an entry for another list, in the publish
+-- format, or expired while parked is left (counted in `left`). One `redelivered` event per move (MAX_LENGTH
+-- 0: none) at time TS (us); COUNTER ('' for none) in the stats hash counts the moves.
+-- Returns moved, left and {"<queue>\0<task>" = moves}.
+local function move_due_entries(s, lists, now, limit, max_length, ts, counter)
+    local delayed, payloads, queues, parked = KEYS[s], KEYS[s + 2], KEYS[s + 3], KEYS[s + 4]
+    local stats, events, expiries = KEYS[s + 5], KEYS[s + 6], KEYS[s + 7]
+    local moved, left, per_queue, per_task = 0, 0, {}, {}
+    local any_expiry = redis.call('HLEN', expiries) > 0   -- none parked with `expires`: no lookups at all
+    local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, limit)
+    for _, id in ipairs(due) do
+        local payload = redis.call('HGET', payloads, id)
+        local parts = direct_parts(payload)
+        local list = parts and lists[parts.dest]
+        local expiry = list and any_expiry and redis.call('HGET', expiries, id)
+        if expiry and tonumber(expiry) <= tonumber(now) then
+            list = nil   -- expired while parked: left for the claim, which dead-letters it
+        end
+        if list then
+            redis.call('LPUSH', KEYS[list], parts.element)
+            redis.call('ZREM', delayed, id)
+            redis.call('HDEL', payloads, id)
+            if expiry then
+                redis.call('HDEL', expiries, id)
+            end
+            per_queue[parts.queue] = (per_queue[parts.queue] or 0) + 1
+            local label = parts.queue .. '\0' .. parts.task
+            per_task[label] = (per_task[label] or 0) + 1
+            moved = moved + 1
+            if max_length > 0 then
+                -- entry ids are <task id>:<delivery>[:<delivery tag>]; a delivery tag is never all digits
+                local task_id, delivery = string.match(id, '^(.*):(%d+)$')
+                if not task_id then
+                    task_id, delivery = string.match(id, '^(.*):(%d+):[^:]*$')
+                end
+                redis.pcall('XADD', events, 'MAXLEN', '~', max_length, '*', 'v', '1', 'type', 'redelivered',
+                            'ts_us', ts, 'task_id', task_id or id, 'task_name', parts.task,
+                            'queue', parts.queue, 'delivery', delivery or '0')
+            end
+        elseif payload then
+            left = left + 1
+        else
+            forget_entry(delayed, queues, parked, expiries, id)
+        end
+    end
+    for queue, n in pairs(per_queue) do   -- the parked counts, once per queue and batch
+        if redis.call('HINCRBY', parked, queue, -n) <= 0 then
+            redis.call('HDEL', parked, queue)
+        end
+    end
+    if moved > 0 and counter ~= '' then
+        redis.call('HINCRBY', stats, counter, moved)
+    end
+    return moved, left, per_task
+end
+
+-- Append to REPLY the moves of PER_TASK (from move_due_entries) as queue, task, n, queue, task, n, ...
+local function append_moves(reply, per_task)
+    for label, n in pairs(per_task) do
+        local cut = string.find(label, '\0', 1, true)
+        reply[#reply + 1] = string.sub(label, 1, cut - 1)
+        reply[#reply + 1] = string.sub(label, cut + 1)
+        reply[#reply + 1] = n
+    end
+    return reply
+end
+
 -- A ring slot: FIELD holds "<stamp>:<count>"; a slot last written for another stamp starts again at n.
 -- So a ring of N slots keeps the last N minutes or hours in N fields, whatever the traffic.
 local function ring_add(key, field, stamp, n)
