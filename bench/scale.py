@@ -1,6 +1,6 @@
 """Benchmark 9: N idle workers on one Redis, plain Celery and celery-dlq side by side (issue #24).
 
-For each N (1, 10, 30; 1 and 3 with --quick) three private redis-servers
+For each N (1, 10, 30; 1 and 3 with --quick) four private redis-servers
 run at once, each with N real ``celery worker -P solo`` processes of
 ``bench/app.py`` consuming two queues (``bench``, ``bench2``):
 
@@ -8,9 +8,11 @@ run at once, each with N real ``celery worker -P solo`` processes of
 - ``dlq``: celery-dlq on a server with ``notify-keyspace-events Kl`` (the
   idle fetch waits for keyspace notifications);
 - ``dlq-fallback``: celery-dlq on a server without them (the idle fetch
-  blocks on its first list, 1 s, then looks at every list).
+  blocks on its first list, 1 s, then looks at every list);
+- ``dlq-no-fetch-moves``: as ``dlq`` with ``dlq_fetch_moves_due = False``
+  (only the mover moves due retries: the code before the fetch moved them).
 
-All three sides are measured in the same windows, so every round is
+All sides are measured in the same windows, so every round is
 interleaved by construction. Reported, medians over the rounds (and min-max):
 
 1. **Idle**: Redis commands/s and Redis CPU (ms/s, ``INFO cpu``) per worker,
@@ -53,8 +55,11 @@ from celery import Celery  # noqa: E402
 
 from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
 
-SIDES = {"celery": ("celery", ()), "dlq": ("dlq", ("--notify-keyspace-events", "Kl")),
-         "dlq-fallback": ("dlq", ())}
+NOTIFY = ("--notify-keyspace-events", "Kl")
+SIDES = {"celery": ("celery", (), None), "dlq": ("dlq", NOTIFY, None), "dlq-fallback": ("dlq", (), None),
+         "dlq-no-fetch-moves": ("dlq", NOTIFY, json.dumps({"dlq_fetch_moves_due": False}))}
+#: The sides whose parked retries are timed, one after the other.
+PARKED_SIDES = ("dlq", "dlq-fallback", "dlq-no-fetch-moves")
 LISTS = {"default queue": {"queue": "bench"}, "second queue": {"queue": "bench2"},
          "priority sub-list": {"queue": "bench", "priority": 9}}
 MOVER_SCRIPTS = ("move_due", "next_due", "mover_lease", "claim_due", "ack", "release")
@@ -149,14 +154,15 @@ def lateness(client: redis.Redis, prefix: str) -> list[float]:
 
 
 def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
-    mode, args = SIDES[side]
+    mode, args, conf = SIDES[side]
     server = RedisServer(None, *args).start()
     workers = [BenchWorker(server.url, "bench", mode, prefix=f"b9{side}", concurrency=1, queues="bench,bench2",
-                           pool="solo", name=f"{side}-{i}@%h") for i in range(n)]
+                           pool="solo", name=f"{side}-{i}@%h", conf=conf) for i in range(n)]
     return server, workers
 
 
-def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int) -> dict:
+def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int,
+          parked_rounds: int = 1) -> dict:
     sides = {side: start_side(n, side) for side in SIDES}
     clients = {side: redis.Redis.from_url(server.url) for side, (server, _) in sides.items()}
     result: dict = {"n": n, "idle": {}, "pickup": {}, "parked": {}}
@@ -199,8 +205,10 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
                         time.sleep(0.002)
                     result["pickup"].setdefault(side, {}).setdefault(label, []).append(float(c.lindex(key, -1)))
                 time.sleep(random.uniform(1.5, 3.0))
-        for side in ("dlq", "dlq-fallback"):
-            result["parked"][side] = parked_phase(sides[side][0].url, clients[side], apps[side], side, tasks)
+        for k in range(parked_rounds):   # interleaved: each round runs every side once, in a rotated order
+            for side in PARKED_SIDES[k % len(PARKED_SIDES):] + PARKED_SIDES[:k % len(PARKED_SIDES)]:
+                result["parked"].setdefault(side, []).append(
+                    parked_phase(sides[side][0].url, clients[side], apps[side], side, tasks))
         result["at_rest"] = at_rest_phase(sides["dlq"][0].url, clients["dlq"], apps["dlq"], "dlq", park, window)
         for app in apps.values():
             app.close()
@@ -217,6 +225,8 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
 
 
 def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: int) -> dict:
+    done_key = f"b9{side}:done"
+    client.delete(done_key, f"{{b9{side}}}:events")   # this round's events and count only
     monitor = Monitor(url)
     monitor.start()
     monitor.ready.wait(10)
@@ -225,7 +235,6 @@ def parked_phase(url: str, client: redis.Redis, app: Celery, side: str, tasks: i
     with app.producer_or_acquire() as producer:
         for i in range(tasks):
             app.send_task("bench.flaky", args=(i,), queue="bench", producer=producer)
-    done_key = f"b9{side}:done"
     end = time.monotonic() + 600
     while int(client.get(done_key) or 0) < tasks and time.monotonic() < end:
         time.sleep(0.05)
@@ -286,13 +295,17 @@ def report(results: list[dict]) -> None:
     print_table(["N", "side", "list", "first", "p50", "p99", "samples"], rows)
     rows = []
     for r in results:
-        for side, p in r["parked"].items():
-            rows.append([r["n"], side, p["done"], f"{p['seconds']:.1f}", f"{p['mover_cmds_s']:.1f}",
-                         f"{p.get('fetch_moves_cmds_s', 0):.1f}", f"{p['total_cmds_s']:.0f}", f"{p['late_p50_ms']:.1f}", f"{p['late_p99_ms']:.1f}",
-                         f"{p['late_max_ms']:.1f}", p["moves"], f"{p['mover_cmds'] / max(1, p['moves']):.1f}"])
-    print("\nParked retries (tasks failing twice, 0.1 s delay): movers' commands/s (MONITOR), lateness (ms):")
-    print_table(["N", "side", "tasks", "s", "movers cmd/s", "fetch moves cmd/s", "all cmd/s", "late p50", "late p99", "max", "moves",
-                 "movers cmd/move"], rows)
+        for side, runs in r["parked"].items():
+            cols = [spread([run[key] for run in runs], "{:.0f}" if key == "total_cmds_s" else "{:.1f}")
+                    for key in ("seconds", "mover_cmds_s", "fetch_moves_cmds_s", "total_cmds_s", "late_p50_ms",
+                                "late_p99_ms", "late_max_ms")]
+            rows.append([r["n"], side, len(runs), sum(run["done"] for run in runs), *cols,
+                         sum(run["moves"] for run in runs),
+                         spread([run["mover_cmds"] / max(1, run["moves"]) for run in runs])])
+    print("\nParked retries (tasks failing twice, 0.1 s delay), median (min-max) of the rounds: movers' "
+          "commands/s (MONITOR), the fetches' commands/s on the store's keys, lateness (ms):")
+    print_table(["N", "side", "rounds", "tasks", "s", "movers cmd/s", "fetch moves cmd/s", "all cmd/s", "late p50",
+                 "late p99", "max", "moves", "movers cmd/move"], rows)
     print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR):")
     print_table(["N", "parked", "s", "movers cmd/s", "by command (/s)"],
                 [[r["n"], r["at_rest"]["parked"], f"{r['at_rest']['seconds']:.0f}",
@@ -301,15 +314,16 @@ def report(results: list[dict]) -> None:
                                                                 key=lambda kv: -kv[1]))]
                  for r in results])
     for r in results:
-        for side, p in r["parked"].items():
-            print(f"  N={r['n']} {side} movers by command (/s): "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in p["mover_by"].items()))
+        for side, runs in r["parked"].items():
+            print(f"  N={r['n']} {side} movers by command (/s, first round): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in runs[0]["mover_by"].items()))
 
 
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--workers", default=None, help="comma-separated N values (default 1,10,30; 1,3 with --quick)")
     p.add_argument("--json", default=None, help="write the raw results here")
+    p.add_argument("--parked-rounds", type=int, default=3, help="interleaved rounds of the parked phase (default 3)")
     args = p.parse_args()
     ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
     rounds, window = (2, 5.0) if args.quick else (3, 20.0)
@@ -318,7 +332,7 @@ def main() -> None:
     results = []
     for n in ns:
         print(f"N={n} ...", flush=True)
-        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park))
+        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park, args.parked_rounds))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     report(results)
