@@ -2,12 +2,13 @@
 
 The mover is one worker at a time (:mod:`celery_dlq.worker.mover_turns`);
 under load its process waits for a CPU and for the GIL, and a due retry
-waits with it. As BullMQ's ``moveToActive`` promotes delayed jobs, every
-fetch of a worker whose broker is the store first moves up to :data:`LIMIT`
-due entries bound for the lists it fetches from, in the same script as the
-pop, with the bookkeeping of ``move_due.lua`` (one function in ``lib.lua``).
-So while workers fetch, a retry is moved by the next fetch; idle workers do
-not fetch, and the mover moves as before. Each move is still one atomic step:
+waits with it. As BullMQ's ``moveToActive`` promotes delayed jobs, a busy
+worker's fetch (one after a fetch that took a message), where the broker is
+the store, first moves up to :data:`LIMIT` due entries bound for the lists
+it fetches from, in the same script as the pop, with the bookkeeping of
+``move_due.lua`` (one function in ``lib.lua``). So while workers are busy a
+retry is moved by the next fetch; an idle worker's fetches never look (they
+cost what they did), and the mover moves as before. Each move is still one atomic step:
 the fetch and the mover never move an entry twice.
 
 Off with ``dlq_fetch_moves_due = False``; never with several shards (a

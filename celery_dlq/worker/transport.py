@@ -137,6 +137,7 @@ class Channel(kombu_redis.Channel):
         # kombu's own clients add global_keyprefix themselves: the fetched set's name without it
         self._dlq_fetched_key = Keys(prefix).fetched(self._dlq_consumer)
         self._dlq_idle = False
+        self._dlq_took = False
         self._dlq_sent: tuple[str, list[str]] | None = None
         self._dlq_watch = 0
         self._dlq_recovered = False
@@ -181,7 +182,7 @@ class Channel(kombu_redis.Channel):
             waker.begin_fetch()
         self._dlq_sent = ("EVALSHA", keys)
         now = time.time()
-        moves = self._dlq_moves if len(all_keys) > 2 * len(keys) + 3 else None
+        moves = self._dlq_moves if self._dlq_took else None
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), now,
                                 *(moves.args(now) if moves else ()))
 
@@ -226,6 +227,8 @@ class Channel(kombu_redis.Channel):
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
+            # the next fetch moves due retries only after one that took something: never on an idle worker's
+            self._dlq_took = command == "EVALSHA" and bool(reply)
             if command == "BLMOVE":   # woken (or timed out): fetch next
                 self._dlq_idle = False
                 raise kombu_redis.Empty()
