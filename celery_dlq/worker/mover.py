@@ -89,6 +89,7 @@ class MoverThread(threading.Thread):
                     started = time.monotonic()
                     self.move_due()
                     self.runtime.counters.flush()
+                    self.runtime.fetch_moved.flush(self.runtime.store)
                     turns.passed(started)
                 turns.wait_for_due(self.runtime.sharded.next_due, len(self.runtime.sharded.all) == 1)
                 wait = 0.0

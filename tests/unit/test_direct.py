@@ -13,11 +13,13 @@ from celery_dlq import headers as H
 from celery_dlq.element import SOURCE_TAG_PROPERTY, envelope_error
 from celery_dlq.message import Envelope
 from celery_dlq.ops.parked import ParkedRetry
+from celery_dlq.redis import metrics
 from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
+from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves
-from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves
+from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 
 T0 = 1_700_000_000.0
@@ -196,3 +198,22 @@ def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, uniq
         assert c.hget(store.keys.stats, Stat.REDELIVERED) == str(LIMIT + 5).encode()
     finally:
         c.delete(q, "unacked", "unacked_index", store.keys.fetched("c1"))
+
+
+def test_the_fetches_moves_are_written_to_redelivered_total_once_and_kept_when_redis_fails(store, unique):
+    tally, q = MoveTally(), f"q{unique}"
+    tally.add([1, b"element", b"ok", b"tag", q.encode(), b"shop.x", 2, q.encode(), b"shop.y", 1], 4)
+    tally.add([1, b"element", b"ok", b"tag", q.encode(), b"shop.x", 3], 4)
+
+    class Down:
+        def count_redelivered(self, counts):
+            raise ConnectionError("redis is down")
+
+    with pytest.raises(ConnectionError):
+        tally.flush(Down())
+    tally.flush(store)
+    tally.flush(store)     # nothing left: nothing written twice
+    got = {labels: n for (name, labels), n in metrics.read(store.client, store.keys).items()
+           if name == Metric.REDELIVERED}
+    assert got == {(("queue", q), ("task", "shop.x")): 5, (("queue", q), ("task", "shop.y")): 1}
+    store.client.delete(store.keys.metrics, store.keys.trends)
