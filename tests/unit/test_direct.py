@@ -45,14 +45,20 @@ def store(any_redis, unique):
     any_redis.delete(*store.keys.store_keys(), store.keys.stats, store.keys.events)
 
 
-def test_move_due_moves_direct_entries_inside_redis_and_leaves_the_publish_format(store, unique):
-    c, k = store.client, store.keys
-    orders, high = f"orders{unique}", f"orders{unique}\x06\x169"
+def park_five(store, orders: str, high: str) -> None:
+    """a and b due for ``orders`` and its priority list ``high``; c due for another list; d due in the publish
+    format; e for ``orders``, due in a minute."""
     store.park("a:2", DirectPayload(orders, orders, "shop.charge", element("ta", "a")).dumps(), orders, due=T0 - 3)
     store.park("b:3", DirectPayload(orders, high, "shop.charge", element("tb", "b")).dumps(), orders, due=T0 - 2)
     store.park("c:2", DirectPayload("other", "other", "shop.x", element("tc", "c")).dumps(), "other", due=T0 - 1)
     store.park("d:2", b'{"v": 1, "body": ""}', orders, due=T0 - 1)               # the publish format
     store.park("e:2", DirectPayload(orders, orders, "shop.charge", element("te", "e")).dumps(), orders, due=T0 + 60)
+
+
+def test_move_due_moves_direct_entries_inside_redis_and_leaves_the_publish_format(store, unique):
+    c, k = store.client, store.keys
+    orders, high = f"orders{unique}", f"orders{unique}\x06\x169"
+    park_five(store, orders, high)
     assert not c.hexists(k.queues, "a:2") and c.hget(k.queues, "d:2") == orders.encode()
     try:
         moved, left = store.move_due([orders, high], limit=10, events_max_length=100, counter=Stat.REDELIVERED,
@@ -159,11 +165,7 @@ def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: in
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):
     c, k = store.client, store.keys
     orders, high = f"orders{unique}", f"orders{unique}\x06\x169"
-    store.park("a:2", DirectPayload(orders, orders, "shop.charge", element("ta", "a")).dumps(), orders, due=T0 - 3)
-    store.park("b:3", DirectPayload(orders, high, "shop.charge", element("tb", "b")).dumps(), orders, due=T0 - 2)
-    store.park("c:2", DirectPayload("other", "other", "shop.x", element("tc", "c")).dumps(), "other", due=T0 - 1)
-    store.park("d:2", b'{"v": 1, "body": ""}', orders, due=T0 - 1)               # the publish format
-    store.park("e:2", DirectPayload(orders, orders, "shop.charge", element("te", "e")).dumps(), orders, due=T0 + 60)
+    park_five(store, orders, high)
     try:
         reply = fetch_moving(store, [high, orders])
         assert reply[:4] == [1, element("tb", "b"), b"ok", b"tb"]        # moved, then popped in priority order
