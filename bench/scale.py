@@ -162,8 +162,10 @@ def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
 
 
 def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int,
-          parked_rounds: int = 1) -> dict:
-    sides = {side: start_side(n, side) for side in SIDES}
+          parked_rounds: int = 1, at_rest_only: float = 0.0) -> dict:
+    """Every phase for N workers per side; with ``at_rest_only`` (seconds) only phase 4, that long, on the
+    notified celery-dlq side."""
+    sides = {side: start_side(n, side) for side in (("dlq",) if at_rest_only else SIDES)}
     clients = {side: redis.Redis.from_url(server.url) for side, (server, _) in sides.items()}
     result: dict = {"n": n, "idle": {}, "pickup": {}, "parked": {}}
     try:
@@ -176,7 +178,11 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
             if time.monotonic() > deadline:
                 raise RuntimeError("workers never all waited on Redis")
             time.sleep(0.5)
-        apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in SIDES}
+        apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in sides}
+        if at_rest_only:
+            result["at_rest"] = at_rest_phase(sides["dlq"][0].url, clients["dlq"], apps["dlq"], "dlq", park,
+                                              at_rest_only / 2)
+            return result
         for side, app in apps.items():   # warm up: a worker's first task is slower than any later one
             for options in LISTS.values():
                 app.send_task("bench.stamp", args=(time.time(),), **options)
@@ -278,7 +284,7 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 def report(results: list[dict]) -> None:
     rows = []
     for r in results:
-        for side in SIDES:
+        for side in (side for side in SIDES if side in r["idle"]):
             windows = r["idle"][side]
             rows.append([r["n"], side, spread([w[0] for w in windows]), spread([w[1] for w in windows], "{:.3f}"),
                          " ".join(f"{k} {v / r['n']:.2f}" for k, v in sorted(windows[len(windows) // 2][2].items(),
@@ -288,7 +294,7 @@ def report(results: list[dict]) -> None:
     rows = []
     for r in results:
         for side in SIDES:
-            for label, values in r["pickup"][side].items():
+            for label, values in r["pickup"].get(side, {}).items():
                 rows.append([r["n"], side, label, f"{values[0] * 1000:.1f}", f"{pct(values, 50) * 1000:.1f}",
                              f"{pct(values, 99) * 1000:.1f}", len(values)])
     print("\nPickup, publish to task start (ms): the first sample after the full idle, then p50/p99:")
@@ -324,6 +330,8 @@ def main() -> None:
     p.add_argument("--workers", default=None, help="comma-separated N values (default 1,10,30; 1,3 with --quick)")
     p.add_argument("--json", default=None, help="write the raw results here")
     p.add_argument("--parked-rounds", type=int, default=3, help="interleaved rounds of the parked phase (default 3)")
+    p.add_argument("--at-rest-only", type=float, default=0.0, metavar="SECONDS",
+                   help="only the at-rest phase (4), counted over SECONDS, on the notified celery-dlq side")
     args = p.parse_args()
     ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
     rounds, window = (2, 5.0) if args.quick else (3, 20.0)
@@ -332,7 +340,8 @@ def main() -> None:
     results = []
     for n in ns:
         print(f"N={n} ...", flush=True)
-        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park, args.parked_rounds))
+        results.append(run_n(n, rounds, window, idle_first, samples, tasks, park, args.parked_rounds,
+                             args.at_rest_only))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     report(results)
