@@ -260,7 +260,7 @@ class Channel(kombu_redis.Channel):
         queue = self._queue_of_key(keys[int(index) - 1])
         if bytes_to_str(status) == "quarantined":
             release_quarantine(self, queue, element, "not a kombu message (not a JSON object with "
-                                                         "properties, delivery_tag and delivery_info)")
+                                                     "properties, delivery_tag and delivery_info)")
             raise kombu_redis.Empty()
         tag = bytes_to_str(tag)
         try:
