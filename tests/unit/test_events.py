@@ -251,3 +251,43 @@ def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique
     assert events.event_of(EventType.REDELIVERED, copy).payload_hash == parked_hash
     marked = replace(copy, extra={events.PAYLOAD_HASH: "f" * 32})   # taken as stored, not computed again
     assert events.event_of(EventType.REDELIVERED, marked).payload_hash == "f" * 32
+
+
+@pytest.mark.parametrize("headers, extra", [
+    ({}, {}),
+    ({"task": "proj.charge", "id": "t1", H.ORIGINAL_QUEUE: "orders", H.DELIVERY_COUNT: 3, H.REASON: "worker_lost",
+      H.EXCEPTION_TYPE: "KeyError", H.EXCEPTION_MESSAGE: "é" * 2000, H.FIRST_FAILURE_AT: 1_700_000_000.25,
+      H.WORKER: "w1", H.PAYLOAD_HASH: "a" * 32}, {}),
+    ({"task": "t", H.DELIVERY_COUNT: "bad", H.FIRST_FAILURE_AT: "nope", H.PAYLOAD_HASH: "short"},
+     {"correlation_id": "c1"}),
+    ({"task": "t", H.EXCEPTION_MESSAGE: 7, H.ORIGINAL_QUEUE: "q\0x"}, {"body_encoding": "base64"}),
+])
+def test_a_read_letters_entry_is_the_one_event_of_gives(headers, extra):
+    """The replay's direct builder and the generic Event path write the same stream entry."""
+    from celery_dlq.ops.letters import DeadLetter
+
+    doc = {"body": base64.b64encode(body([1], {"k": "v"})).decode(), "content-type": "application/json",
+           "content-encoding": "utf-8", "headers": headers,
+           "properties": {"body_encoding": "base64", "priority": 0, **extra}}
+    raw = json.dumps(doc).encode()
+    letter = DeadLetter.parse("DLQ.q", "DLQ.q", raw, frozenset())
+    for reason in (None, "ttl"):
+        generic = events.event_of(EventType.TRIMMED, events._as_envelope(raw), ts=1_700_000_001.5, dlq="DLQ.q",
+                                  reason=reason).entry()
+        assert events.letter_entry(EventType.TRIMMED, letter.decoded, 1_700_000_001_500_000, "DLQ.q", reason) \
+            == generic
+
+
+def test_a_batch_of_entries_is_appended_field_for_field(any_redis, unique):
+    """append_events.lua writes each entry as given: names, text (any Unicode, NUL), order."""
+    keys = Keys(f"ev{unique}")
+    log = EventLog(any_redis, keys, max_length=1000)
+    entries = [Event("replayed", 1, task_id=f"t{i}", exception_message="é\0\u2028x", delivery=i).entry()
+               for i in range(3)]
+    try:
+        assert log.append_entries(entries, "replayed") == 3
+        rows = any_redis.xrange(keys.events)
+        assert [[part.decode() for pair in fields.items() for part in pair] for _, fields in rows] == entries
+        assert log.append_entries([], "replayed") == 0
+    finally:
+        any_redis.delete(keys.events)
