@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import json as std_json
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -213,6 +214,23 @@ def decode_raw(raw: bytes | str) -> RawMessage:
     except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
         doc = None
     return RawMessage(doc if isinstance(doc, dict) else {})
+
+
+def delivery_tags(n: int) -> list[str]:
+    """``n`` new delivery tags as kombu makes them (``str(uuid.uuid4())``), from one ``os.urandom`` call.
+
+    Formatted here rather than through ``uuid.UUID``: a replay tags every
+    letter it moves, and ``uuid4()`` was 3 us a letter (BENCHMARKS.md, section 11).
+    """
+    digits = os.urandom(16 * n).hex()
+    tags = []
+    for at in range(0, 32 * n, 32):
+        h = digits[at:at + 32]   # version 4, RFC 4122 variant (10xx): 122 random bits, as uuid4
+        tags.append(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}")
+    return tags
+
+
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 def task_arguments(body: Any) -> tuple[list, dict] | None:

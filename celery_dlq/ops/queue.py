@@ -19,10 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from kombu.utils import json
+from kombu.utils.json import JSONEncoder
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
+from celery_dlq.message import delivery_tags
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
 from celery_dlq.redis import groups, metrics
 from celery_dlq.redis.keys import Stat
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 #: Dead letters read per LRANGE (and moved per pipeline).
 PAGE = 500
+#: kombu's ``json.dumps`` without building an encoder per call (the same encoder, the same text).
+_dumps = JSONEncoder().encode
 
 
 @dataclass
@@ -132,8 +135,8 @@ class DeadLetterQueue:
 
     def _move(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> int:
         """Move ``letters``; returns how many left the list (moved here, or gone already)."""
-        now, plans = self.op.clock(), []
-        for letter in letters:
+        now, plans, list_key = self.op.clock(), [], self.op.lists.key
+        for letter, tag in zip(letters, delivery_tags(len(letters))):
             target = letter.target(to) if letter.message and not letter.header(H.RAW) else None
             if target is None:
                 why = ("not a kombu message" if not letter.message else
@@ -142,8 +145,8 @@ class DeadLetterQueue:
                 out.failed.append(f"{letter.task_id or '<unknown id>'}: {why}")
                 continue
             queue, exchange, routing_key = target
-            plans.append((letter, queue, self.op.lists.key(queue, letter.properties.get("priority")),
-                          json.dumps(letter.replayed(exchange, routing_key, now))))
+            plans.append((letter, queue, list_key(queue, letter.properties.get("priority")),
+                          _dumps(letter.replayed(exchange, routing_key, now, tag))))
         if out.dry_run or not plans:
             out.targets.update(queue for _, queue, _, _ in plans)
             return 0

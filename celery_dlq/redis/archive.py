@@ -122,11 +122,10 @@ class Event:
 
     def to_fields(self) -> dict[str, str]:
         """The stream entry: every non-empty field as text, plus the schema version."""
-        flat = self.entry()
-        return dict(zip(flat[::2], flat[1::2]))
+        return fields_of(self.entry())
 
     def entry(self) -> list[str]:
-        """:meth:`to_fields` flat, as :meth:`EventLog.append` sends it: ``["v", "1", name, text, ...]``."""
+        """The texts of the stream entry, one per :data:`ENTRY_NAMES` ("" for none), as :meth:`EventLog.append` sends them."""
         # not dataclasses.asdict: its deep copy was most of the mover's archiving time
         return entry_of([getattr(self, name) for name in _FIELD_NAMES])
 
@@ -153,21 +152,19 @@ if _FIELD_NAMES != tuple(f.name for f in SCHEMA):  # pragma: no cover - a schema
     raise RuntimeError("celery_dlq.redis.archive: Event's fields and SCHEMA disagree")
 
 
-def entry_of(values: Sequence[Any]) -> list[str]:
-    """The stream entry of an event's values (in :data:`SCHEMA` order), flat: ``["v", "1", name, text, ...]``.
-
-    What :meth:`Event.to_fields` writes, for builders that skip the
-    :class:`Event` (a replay's one event per letter): every non-empty value
-    as text, after the schema version.
-    """
-    out = ["v", _VERSION]
-    for name, value in zip(_FIELD_NAMES, values):
-        if value is not None and value != "":
-            out += (name, str(value))
-    return out
-
-
+#: The names of a stream entry's fields, in order: the schema version, then :data:`SCHEMA`'s.
+ENTRY_NAMES = ("v", *_FIELD_NAMES)
 _VERSION = str(SCHEMA_VERSION)
+
+
+def entry_of(values: Sequence[Any]) -> list[str]:
+    """An event's values (in :data:`SCHEMA` order) as its entry's texts, after the version; "" for none."""
+    return [_VERSION, *("" if value is None else str(value) for value in values)]
+
+
+def fields_of(entry: Sequence[str]) -> dict[str, str]:
+    """The stream fields of an entry (:meth:`Event.entry`): its non-empty texts, named."""
+    return {name: text for name, text in zip(ENTRY_NAMES, entry) if text}
 
 
 def _int(value: str) -> int | None:
@@ -248,30 +245,32 @@ def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str
     )
 
 
-def letter_entry(kind: str, message: RawMessage, ts_us: int, dlq: str, reason: str | None = None) -> list[str]:
-    """The stream entry :func:`event_of` gives for a dead letter read from ``dlq`` (``message``, decoded),
-    built straight from its headers: a replay writes one per letter, and the round trip through
-    :class:`Envelope` and :class:`Event` was 40% of its CPU. Values in :data:`SCHEMA` order."""
+def letter_entry(kind: str, message: RawMessage, ts_us: str, dlq: str, reason: str | None = None) -> list[str]:
+    """The entry :func:`event_of` gives for a dead letter read from ``dlq`` (``message``, decoded; ``ts_us``
+    as text), built straight from its headers: a replay writes one per letter, and the round trip through
+    :class:`Envelope` and :class:`Event` was 40% of its CPU. One text per :data:`ENTRY_NAMES`, in order
+    (tests/unit/test_events.py holds it to :func:`event_of`'s)."""
     headers = message.headers
     body = message.body
     task_name = headers.get("task")
     known = headers.get(H.PAYLOAD_HASH)
-    return entry_of((
-        kind, ts_us, str(message.task_id or ""), str(task_name or ""), str(headers.get(H.ORIGINAL_QUEUE) or ""),
-        dlq, H.delivery_count_of(headers), str(reason if reason is not None else headers.get(H.REASON) or ""),
-        str(headers.get(H.EXCEPTION_TYPE) or ""),
-        H.truncate(headers.get(H.EXCEPTION_MESSAGE) or "", H.MAX_SUMMARY),
-        to_us(headers.get(H.FIRST_FAILURE_AT)), None, len(body),
+    first = to_us(headers.get(H.FIRST_FAILURE_AT))
+    return [
+        _VERSION, kind, ts_us, str(headers.get("id") or message.properties.get("correlation_id") or ""),
+        str(task_name or ""), str(headers.get(H.ORIGINAL_QUEUE) or ""), dlq, str(H.delivery_count_of(headers)),
+        str(reason if reason is not None else headers.get(H.REASON) or ""), str(headers.get(H.EXCEPTION_TYPE) or ""),
+        H.truncate(headers.get(H.EXCEPTION_MESSAGE) or "", H.MAX_SUMMARY), "" if first is None else str(first),
+        "", str(len(body)),
         known if isinstance(known, str) and len(known) == 32 else
         payload_hash(task_name, body, message.content_type, message.content_encoding),
-        str(headers.get(H.WORKER) or ""), ""))
+        str(headers.get(H.WORKER) or ""), ""]
 
 
 def _letter_entries(kind: str, letters: Iterable[Any], *, dlq: str, now: float | None,
                     reason: str | None = None) -> list[list[str]]:
     """The entries of ``kind`` about ``letters`` (as :func:`_as_envelope` takes them), all stamped ``now``."""
     now = time.time() if now is None else now
-    ts_us = to_us(now) or 0
+    ts_us = str(to_us(now) or 0)
     out = []
     for letter in letters:
         decoded = getattr(letter, "decoded", None)   # an ops.DeadLetter: read from a DLQ, its JSON decoded
@@ -378,14 +377,12 @@ class EventLog(_Hooks):
             return 0
         try:
             if len(entries) == 1:
-                flat = entries[0]
-                self.client.xadd(self.key, dict(zip(flat[::2], flat[1::2])), maxlen=self.max_length,
-                                 approximate=True)
+                self.client.xadd(self.key, fields_of(entries[0]), maxlen=self.max_length, approximate=True)
             else:
                 if self._scripts is None:
                     self._scripts = Scripts(self.client)
-                self._scripts.run("append_events", [self.key],
-                                  [self.max_length, json.dumps(entries, ensure_ascii=False, separators=(",", ":"))])
+                self._scripts.run("append_events", [self.key], [self.max_length, _NAMES_JSON, json.dumps(
+                    entries, ensure_ascii=False, separators=(",", ":"))])
         except Exception:
             logger.exception("celery-dlq: could not archive %d %s event(s) in %s; carrying on",
                              len(entries), kind or "", self.key)
@@ -407,6 +404,9 @@ class EventLog(_Hooks):
             if len(rows) < batch:
                 return
             after = rows[-1][0]
+
+
+_NAMES_JSON = json.dumps(ENTRY_NAMES)
 
 
 def parse_id(entry_id: str) -> tuple[int, int]:

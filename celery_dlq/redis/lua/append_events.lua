@@ -3,15 +3,25 @@
 -- KEYS[1] = events  (STREAM) the archive, Keys.events
 --
 -- ARGV[1] = the stream's cap (XADD MAXLEN ~)
--- ARGV[2] = the events, JSON: a list of events, each a flat list of stream fields and values
---           ["v", "1", "type", "replayed", ...], names and text exactly as archive.py made them
---           (archive.SCHEMA is the only place that names them)
+-- ARGV[2] = the entries' field names, JSON: archive.ENTRY_NAMES (the schema is named there only)
+-- ARGV[3] = the entries, JSON: a list of lists of texts, one per name ("" where the event has none),
+--           exactly as archive.py made them
 --
--- Returns how many events were appended. One JSON argument rather than one per field: the client's
--- cost of a command grows with its number of arguments, and a replay writes one event per letter.
+-- Each entry becomes one XADD of its non-empty fields, in order: what EventLog writes for one event.
+-- Returns how many were appended. JSON, not one argument per field: the client's cost of a command
+-- grows with its number of arguments, and a replay writes one event per letter.
 
-local events = cjson.decode(ARGV[2])
-for _, event in ipairs(events) do
-    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(event))
+local names = cjson.decode(ARGV[2])
+local entries = cjson.decode(ARGV[3])
+for _, texts in ipairs(entries) do
+    local fields = {}
+    for i, name in ipairs(names) do
+        local text = texts[i]
+        if type(text) == 'string' and text ~= '' then
+            fields[#fields + 1] = name
+            fields[#fields + 1] = text
+        end
+    end
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(fields))
 end
-return #events
+return #entries
