@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -123,6 +124,9 @@ class DeadLetterQueue:
             raise ValueError(f"cannot replay {self.name} into itself")
         out, started = Outcome(dry_run=dry_run), self.monotonic()
         pages = self._pages(batch)
+        if rate is None and not dry_run:
+            self._replay_overlapped(pages, where, limit, to, out, progress)
+            return out
         for letters in self._selected(pages, where, limit):
             out.matched += len(letters)
             for chunk in ([[letter] for letter in letters] if rate else [letters]):
@@ -133,8 +137,51 @@ class DeadLetterQueue:
                     progress(len(chunk))
         return out
 
+    def _replay_overlapped(self, pages: OldestFirst, where: Selector | None, limit: int | None, to: str | None,
+                           out: Outcome, progress: Callable[[int], None] | None) -> None:
+        """The unthrottled pass: each batch is written (a thread) while the next page is decoded and planned.
+
+        Redis runs one batch's script while Python prepares the next. Each
+        page is read after the batch before last is written and before the
+        last one starts, so the list is as the page's offset from the old end
+        assumes (``OldestFirst``); a batch moved off the list being read is
+        then counted in ``pages.removed``.
+        """
+        left, pending = limit, None
+        with ThreadPoolExecutor(1, thread_name_prefix="celery-dlq-replay") as writer:
+            for key, raws in pages:
+                writing = writer.submit(self._write, pending[0], pending[1]) if pending else None
+                letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+                out.matched += len(letters)
+                plans, now = self._plan(letters, to, out)
+                if writing and pending:
+                    removed = self._account(pending[0], writing.result(), out)
+                    pages.removed += removed if pending[2] == key else 0
+                    if progress:
+                        progress(pending[3])
+                pending = (plans, now, key, len(letters)) if plans else None
+                if not plans and letters and progress:
+                    progress(len(letters))
+                if left is not None:
+                    left -= len(letters)
+                    if left == 0:
+                        break
+            if pending:
+                self._account(pending[0], self._write(pending[0], pending[1]), out)
+                if progress:
+                    progress(pending[3])
+
     def _move(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> int:
         """Move ``letters``; returns how many left the list (moved here, or gone already)."""
+        plans, now = self._plan(letters, to, out)
+        if out.dry_run or not plans:
+            out.targets.update(queue for _, queue, _, _ in plans)
+            return 0
+        return self._account(plans, self._write(plans, now), out)
+
+    def _plan(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> tuple[list[tuple], float]:
+        """``(letter, queue, target list, message to deliver)`` for each of ``letters`` with a target, and the
+        time they are replayed at; each without one is in ``out.failed``. No Redis."""
         now, plans, list_key = self.op.clock(), [], self.op.lists.key
         for letter, tag in zip(letters, delivery_tags(len(letters))):
             target = letter.target(to) if letter.message and not letter.header(H.RAW) else None
@@ -147,9 +194,13 @@ class DeadLetterQueue:
             queue, exchange, routing_key = target
             plans.append((letter, queue, list_key(queue, letter.properties.get("priority")),
                           _dumps(letter.replayed(exchange, routing_key, now, tag))))
-        if out.dry_run or not plans:
-            out.targets.update(queue for _, queue, _, _ in plans)
-            return 0
+        return plans, now
+
+    def _write(self, plans: list[tuple], now: float) -> list[int]:
+        """Move the planned letters (one ``replay_batch.lua``), count and archive them; 1 (moved) or 0 (gone) each.
+
+        The delivery counters go first (``Operator.forget``), so an interruption anywhere loses nothing.
+        """
         self.op.forget([plan[0] for plan in plans])
         keys = _Keys(self.op.lists.groups(self.name))
         args: list = []
@@ -157,13 +208,18 @@ class DeadLetterQueue:
             args += [keys.index(letter.key), keys.index(target_key), letter.raw, payload,
                      *groups.membership(letter.headers)]
         moved = self.op.scripts.run("replay_batch", keys.keys, args)
+        self.op.count(Stat.REPLAYED, sum(moved))
+        self._count(metrics.Metric.REPLAYED, sum(moved))
+        self.op.archive.replayed([plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
+        return moved
+
+    @staticmethod
+    def _account(plans: list[tuple], moved: list[int], out: Outcome) -> int:
+        """``out`` updated with what :meth:`_write` did; returns how many left the list (moved, or gone already)."""
         for (_, queue, _, _), ok in zip(plans, moved):
             out.targets[queue] += 1 if ok else 0
         out.done += sum(moved)
         out.missing += len(plans) - sum(moved)
-        self.op.count(Stat.REPLAYED, sum(moved))
-        self._count(metrics.Metric.REPLAYED, sum(moved))
-        self.op.archive.replayed([plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
         return len(plans)
 
     def purge(self, where: Selector | None = None, *, force: bool = False, limit: int | None = None,
