@@ -89,10 +89,23 @@ class DeadLetterQueue:
     def _pages(self, batch: int) -> OldestFirst:
         return OldestFirst(self.op.broker, self.op.list_keys(self.name), batch)
 
+    def _letters(self, key: str, raws: list[bytes], where: Selector | None, left: int | None) -> list[DeadLetter]:
+        """The letters of a page ``where`` selects, at most ``left`` (:func:`_take`).
+
+        A :class:`Filter` with a needle (:meth:`Filter.needle`: text each
+        letter it selects holds, such as its group id) passes over the
+        elements without it undecoded: a group's replay decodes its own letters only.
+        """
+        needle = where.needle() if isinstance(where, Filter) else None
+        if needle is not None:
+            text = needle.encode() if raws and isinstance(raws[0], bytes) else needle
+            raws = [raw for raw in raws if text in raw]
+        return _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+
     def _selected(self, pages: OldestFirst, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
         left = limit
         for key, raws in pages:
-            letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+            letters = self._letters(key, raws, where, left)
             if left is not None:
                 left -= len(letters)
             if letters:
@@ -151,7 +164,7 @@ class DeadLetterQueue:
         with ThreadPoolExecutor(1, thread_name_prefix="celery-dlq-replay") as writer:
             for key, raws in pages:
                 writing = writer.submit(self._write, pending[0], pending[1]) if pending else None
-                letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+                letters = self._letters(key, raws, where, left)
                 out.matched += len(letters)
                 plans, now = self._plan(letters, to, out)
                 if writing and pending:
