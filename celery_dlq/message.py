@@ -208,12 +208,28 @@ class RawMessage(TaskIdentity):
 
 
 def decode_raw(raw: bytes | str) -> RawMessage:
-    """A list element of kombu's Redis transport; never raises (not JSON, or not an object: ``doc`` is {})."""
+    """A list element of kombu's Redis transport; never raises (not JSON, or not an object: ``doc`` is {}).
+
+    Decoded as ``kombu.utils.json.loads`` does (UTF-8, kombu's typed values
+    restored by its ``object_hook``), with one decoder built once and the
+    hook asked only about the objects it could change: ``loads`` built a
+    decoder per call and the hook made a set per object, 4 us of a
+    replay's 13 us decode per letter.
+    """
     try:
-        doc = json.loads(raw)
+        text = bytes(raw).decode("utf-8") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
+        doc = _DECODER.decode(text)
     except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
         doc = None
     return RawMessage(doc if isinstance(doc, dict) else {})
+
+
+def _typed(o: dict) -> Any:
+    """kombu's ``object_hook`` for the objects it restores (exactly the keys ``__type__`` and ``__value__``)."""
+    return json.object_hook(o) if len(o) == 2 and "__type__" in o and "__value__" in o else o
+
+
+_DECODER = std_json.JSONDecoder(object_hook=_typed)
 
 
 def delivery_tags(n: int) -> list[str]:

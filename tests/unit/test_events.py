@@ -16,7 +16,7 @@ from celery_dlq import RedeliveryPolicy, install
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import Envelope, decode_raw, payload_hash
-from celery_dlq.redis import archive as events
+from celery_dlq.redis import archive, events
 from celery_dlq.redis.archive import Event, EventLog, EventType
 from celery_dlq.redis.keys import Keys
 from celery_dlq.settings import DLQSettings
@@ -80,7 +80,7 @@ def test_stream_is_capped_approximately(real_redis, unique):
             assert log.append([Event("parked", start + i) for i in range(50)]) == 50
         assert 100 <= real_redis.xlen(keys.events) < 300
         ids = [entry_id for entry_id, _ in log.events(batch=7)]
-        assert len(ids) == real_redis.xlen(keys.events) and ids == sorted(ids, key=events.parse_id)
+        assert len(ids) == real_redis.xlen(keys.events) and ids == sorted(ids, key=archive.parse_id)
     finally:
         real_redis.delete(keys.events)
 

@@ -259,7 +259,7 @@ def test_cli_groups_lists_them_and_replay_group_takes_one(world):
 
 def test_a_letter_carries_its_payload_hash_and_its_replay_event_reuses_it(world):
     from celery_dlq.message import payload_hash
-    from celery_dlq.redis.archive import Event, _as_envelope, event_of
+    from celery_dlq.redis.events import Event, _as_envelope, event_of
 
     world.fail("shop.charge", "KeyError", "'user_1'")
     (letter,) = world.op.queue(world.dlq).entries()

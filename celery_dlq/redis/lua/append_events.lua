@@ -3,9 +3,9 @@
 -- KEYS[1] = events  (STREAM) the archive, Keys.events
 --
 -- ARGV[1] = the stream's cap (XADD MAXLEN ~)
--- ARGV[2] = the entries' field names, JSON: archive.ENTRY_NAMES (the schema is named there only)
+-- ARGV[2] = the entries' field names, JSON: events.ENTRY_NAMES (the schema is named there only)
 -- ARGV[3] = the entries, JSON: a list of lists of texts, one per name ("" where the event has none),
---           exactly as archive.py made them
+--           exactly as events.py made them
 --
 -- Each entry becomes one XADD of its non-empty fields, in order: what EventLog writes for one event.
 -- Returns how many were appended. JSON, not one argument per field: the client's cost of a command
