@@ -87,6 +87,17 @@ class _Hooks:
         """Operator tools moved ``letters`` (Envelopes, ``ops.DeadLetter``s or raw DLQ elements) out of ``dlq``."""
         return self._hook(EventType.REPLAYED, lambda: letter_entries(EventType.REPLAYED, letters, dlq=dlq, now=now))
 
+    def replayed_entries(self, letters: Iterable[Any], *, dlq: str, now: float) -> list[list[str]] | None:
+        """The ``replayed`` entries of ``letters``, built before they move (a replay builds a batch's while Redis
+        moves the one before), for :meth:`EventLog.append_entries`; None when off or on an error (logged)."""
+        if not self.enabled:  # type: ignore[attr-defined]
+            return None
+        try:
+            return letter_entries(EventType.REPLAYED, letters, dlq=dlq, now=now)
+        except Exception:
+            logger.exception("celery-dlq: could not build replayed events; carrying on")
+            return None
+
     def trimmed(self, letters: Iterable[Any], *, dlq: str, why: str, now: float | None = None) -> int:
         """Retention deleted ``letters`` from ``dlq``; ``why`` (``max_length``, ``ttl``) is the event's reason."""
         return self._hook(EventType.TRIMMED,

@@ -363,14 +363,14 @@ def test_an_unthrottled_replay_overlapping_its_batches_moves_each_selected_lette
     letters = [dead_letter(fake, task="shop.charge" if i % 3 else "mail.send", args=(i,), priority=9 if i > 13 else 0)
                for i in range(24)]
     dlq = op.queue("orders")
-    original, seen = dlq._write, []
+    original, seen = dlq._run, []
 
-    def arrivals_meanwhile(plans, now):   # pushed on the new end: they shift no page's offset
-        seen.append(len(plans))
+    def arrivals_meanwhile(batch):   # pushed on the new end: they shift no page's offset
+        seen.append(len(batch.letters))
         dead_letter(fake, task="mail.send", args=(100 + len(seen),), priority=9)
-        return original(plans, now)
+        return original(batch)
 
-    dlq._write = arrivals_meanwhile
+    dlq._run = arrivals_meanwhile
     progress: list[int] = []
     out = dlq.replay(Filter(task_name="shop.*"), batch=4, progress=progress.append)
     charges = [x.task_id for x in letters if x.task_name == "shop.charge"]
@@ -385,14 +385,14 @@ def test_an_unthrottled_replay_overlapping_its_batches_moves_each_selected_lette
 def test_a_dead_letter_removed_meanwhile_is_not_pushed(op, fake):
     dead_letter(fake)
     dlq = op.queue("orders")
-    original = dlq._write
+    original = dlq._run
 
-    def someone_else_first(plans, now):   # between the read and the move: another replay or a purge
-        letter = plans[0][0]
+    def someone_else_first(batch):   # between the read and the move: another replay or a purge
+        letter = batch.letters[0]
         fake.lrem(letter.key, -1, letter.raw)
-        return original(plans, now)
+        return original(batch)
 
-    dlq._write = someone_else_first
+    dlq._run = someone_else_first
     out = dlq.replay()
     assert (out.matched, out.done, out.missing) == (1, 0, 1)
     assert fake.llen("orders") == 0
