@@ -212,9 +212,9 @@ def decode_raw(raw: bytes | str) -> RawMessage:
 
     Decoded as ``kombu.utils.json.loads`` does (UTF-8, kombu's typed values
     restored by its ``object_hook``), with one decoder built once and the
-    hook asked only about the objects it could change: ``loads`` built a
-    decoder per call and the hook made a set per object, 4 us of a
-    replay's 13 us decode per letter.
+    hook asked only about the objects it could change (``loads`` builds a
+    decoder per call and the hook a set per object: a replay decodes every
+    letter it moves, BENCHMARKS.md section 11).
     """
     try:
         text = bytes(raw).decode("utf-8") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
@@ -236,7 +236,7 @@ def delivery_tags(n: int) -> list[str]:
     """``n`` new delivery tags as kombu makes them (``str(uuid.uuid4())``), from one ``os.urandom`` call.
 
     Formatted here rather than through ``uuid.UUID``: a replay tags every
-    letter it moves, and ``uuid4()`` was 3 us a letter (BENCHMARKS.md, section 11).
+    letter it moves, and ``uuid4()`` per letter showed in its profile (BENCHMARKS.md section 11).
     """
     digits = os.urandom(16 * n).hex()
     tags = []

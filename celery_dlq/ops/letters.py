@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 class cached(Generic[T]):
     """``functools.cached_property`` without its lock: Python 3.10 and 3.11 take one on each first read,
-    and a replay reads three per letter (5 us of its 16 us parse, on the machine of BENCHMARKS.md)."""
+    and a replay reads three per letter (its profile: BENCHMARKS.md section 11)."""
 
     def __init__(self, func: Callable[[Any], T]) -> None:
         self.func, self.name = func, func.__name__

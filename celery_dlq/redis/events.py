@@ -113,7 +113,7 @@ class Event:
         return fields_of(self.entry())
 
     def entry(self) -> list[str]:
-        """The texts of the stream entry, one per :data:`ENTRY_NAMES` ("" for none), as :meth:`EventLog.append` sends them."""
+        """The texts of the stream entry, one per :data:`ENTRY_NAMES` ("" for none), as ``EventLog.append`` sends."""
         # not dataclasses.asdict: its deep copy was most of the mover's archiving time
         return entry_of([getattr(self, name) for name in _FIELD_NAMES])
 
@@ -236,8 +236,8 @@ def event_of(kind: str, envelope: Envelope, *, ts: float | None = None, dlq: str
 def letter_entry(kind: str, message: RawMessage, ts_us: str, dlq: str, reason: str | None = None) -> list[str]:
     """The entry :func:`event_of` gives for a dead letter read from ``dlq`` (``message``, decoded; ``ts_us``
     as text), built straight from its headers: a replay writes one per letter, and the round trip through
-    :class:`Envelope` and :class:`Event` was 40% of its CPU. One text per :data:`ENTRY_NAMES`, in order
-    (tests/unit/test_events.py holds it to :func:`event_of`'s)."""
+    :class:`Envelope` and :class:`Event` led its profile (BENCHMARKS.md section 11). One text per
+    :data:`ENTRY_NAMES`, in order (tests/unit/test_events.py holds it to :func:`event_of`'s)."""
     headers = message.headers
     body = message.body
     task_name = headers.get("task")
