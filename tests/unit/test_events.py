@@ -294,3 +294,35 @@ def test_a_batch_of_entries_is_appended_field_for_field(any_redis, unique):
         assert log.append_entries([], "replayed") == 0
     finally:
         any_redis.delete(keys.events)
+
+
+# -- what a replay's batch relies on -------------------------------------------------
+
+def test_delivery_tags_are_uuid4_text_each_new():
+    import uuid
+
+    from celery_dlq.message import delivery_tags
+
+    tags = delivery_tags(2000)
+    assert len(set(tags)) == 2000 and delivery_tags(0) == []
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert str(parsed) == tag and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+def test_decode_raw_reads_what_kombus_loads_reads():
+    import datetime
+    import decimal
+    import uuid
+
+    from kombu.utils import json as kombu_json
+
+    typed = kombu_json.dumps({"at": datetime.datetime(2026, 1, 2, 3, 4, 5), "n": decimal.Decimal("1.5"),
+                              "id": uuid.UUID(int=7), "b": b"\x00x", "plain": {"__type__": "x", "other": 1}})
+    for raw in (typed.encode(), typed, bytearray(typed.encode()), memoryview(typed.encode()), b"\xff", b"[1]",
+                b'{"a": 1} trailing', "\ufeff{}", b"", None):
+        try:
+            expected = kombu_json.loads(raw)
+        except Exception:
+            expected = None
+        assert decode_raw(raw).doc == (expected if isinstance(expected, dict) else {})
