@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 from kombu.serialization import loads
 from kombu.utils.uuid import uuid
@@ -21,6 +20,26 @@ from kombu.utils.uuid import uuid
 from celery_dlq import headers as H
 from celery_dlq.matching import Pattern
 from celery_dlq.message import RawMessage, TaskIdentity, decode_raw, task_arguments
+
+T = TypeVar("T")
+
+
+class cached(Generic[T]):
+    """``functools.cached_property`` without its lock: Python 3.10 and 3.11 take one on each first read,
+    and a replay reads three per letter (its profile: BENCHMARKS.md section 11)."""
+
+    def __init__(self, func: Callable[[Any], T]) -> None:
+        self.func, self.name = func, func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        value = obj.__dict__[self.name] = self.func(obj)   # found in __dict__ from now on: a non-data descriptor
+        return value
 
 
 @dataclass(frozen=True)
@@ -37,15 +56,15 @@ class DeadLetter(TaskIdentity):
     def parse(cls, queue: str, key: str, raw: bytes, accept: frozenset) -> DeadLetter:
         return cls(queue, key, raw, decode_raw(raw).doc, accept)
 
-    @cached_property
+    @cached
     def decoded(self) -> RawMessage:
         return RawMessage(self.message)
 
-    @cached_property
+    @cached
     def headers(self) -> dict:  # type: ignore[override]
         return self.decoded.headers   # read a dozen times per letter in a replay: decoded once
 
-    @cached_property
+    @cached
     def properties(self) -> dict:  # type: ignore[override]
         return self.decoded.properties
 
@@ -118,15 +137,18 @@ class DeadLetter(TaskIdentity):
             return None
         return queue, self.header(H.ORIGINAL_EXCHANGE) or "", self.header(H.ORIGINAL_ROUTING_KEY) or queue
 
-    def replayed(self, exchange: str, routing_key: str, now: float) -> dict:
-        """The message to deliver: delivery count reset, ``x-dlq-*`` history kept, replay noted."""
+    def replayed(self, exchange: str, routing_key: str, now: float, tag: str | None = None) -> dict:
+        """The message to deliver: delivery count reset, ``x-dlq-*`` history kept, replay noted.
+
+        ``tag`` is its new delivery tag (:func:`~celery_dlq.message.delivery_tags`); a new uuid4 by default.
+        """
         headers = dict(self.headers)
         headers.pop(H.DELIVERY_COUNT, None)
         if "task" in headers:  # Celery protocol 2: task.request.retries starts over too
             headers["retries"] = 0
         headers[H.REPLAYED_AT] = now
         headers[H.REPLAY_COUNT] = self.replay_count + 1
-        properties = dict(self.properties, delivery_tag=uuid(),
+        properties = dict(self.properties, delivery_tag=tag or uuid(),
                           delivery_info={"exchange": exchange, "routing_key": routing_key})
         return dict(self.message, headers=headers, properties=properties)
 

@@ -196,6 +196,10 @@ class Operator:
         acknowledged as "already dead-lettered": lost. Idempotent, and done
         before the move, so an interruption in between loses nothing.
         """
+        self.forget_keys(self.counter_keys(letters))
+
+    def counter_keys(self, letters: list[DeadLetter]) -> list[list[str]]:
+        """What :meth:`forget` deletes for ``letters``, one list per shard (no Redis: a replay builds it ahead)."""
         by_shard: dict[str, list[str]] = {}
         for letter in letters:
             task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
@@ -204,8 +208,12 @@ class Operator:
                 by_shard.setdefault(keys.base, []).extend((
                     keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
                     keys.audit(task_id, letter.delivery_count or 1)))
+        return list(by_shard.values())
+
+    def forget_keys(self, by_shard: list[list[str]]) -> None:
+        """Delete :meth:`counter_keys`' keys in one round trip."""
         pipe = self.client.pipeline(transaction=False)
-        for keys in by_shard.values():   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
+        for keys in by_shard:   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
             for start in range(0, len(keys), 1000):
                 pipe.delete(*keys[start:start + 1000])
         pipe.execute()

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from kombu.utils import json
+from kombu.utils.json import JSONEncoder
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
+from celery_dlq.message import delivery_tags
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
 from celery_dlq.redis import groups, metrics
+from celery_dlq.redis.events import EventType
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.lists import OldestFirst
 
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 
 #: Dead letters read per LRANGE (and moved per pipeline).
 PAGE = 500
+#: kombu's ``json.dumps`` without building an encoder per call (the same encoder, the same text).
+_dumps = JSONEncoder().encode
 
 
 @dataclass
@@ -85,10 +90,23 @@ class DeadLetterQueue:
     def _pages(self, batch: int) -> OldestFirst:
         return OldestFirst(self.op.broker, self.op.list_keys(self.name), batch)
 
+    def _letters(self, key: str, raws: list[bytes], where: Selector | None, left: int | None) -> list[DeadLetter]:
+        """The letters of a page ``where`` selects, at most ``left`` (:func:`_take`).
+
+        A :class:`Filter` with a needle (:meth:`Filter.needle`: text each
+        letter it selects holds, such as its group id) passes over the
+        elements without it undecoded: a group's replay decodes its own letters only.
+        """
+        needle = where.needle() if isinstance(where, Filter) else None
+        if needle is not None:
+            text = needle.encode() if raws and isinstance(raws[0], bytes) else needle
+            raws = [raw for raw in raws if text in raw]
+        return _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+
     def _selected(self, pages: OldestFirst, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
         left = limit
         for key, raws in pages:
-            letters = _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
+            letters = self._letters(key, raws, where, left)
             if left is not None:
                 left -= len(letters)
             if letters:
@@ -120,6 +138,9 @@ class DeadLetterQueue:
             raise ValueError(f"cannot replay {self.name} into itself")
         out, started = Outcome(dry_run=dry_run), self.monotonic()
         pages = self._pages(batch)
+        if rate is None and not dry_run:
+            self._replay_overlapped(pages, where, limit, to, out, progress)
+            return out
         for letters in self._selected(pages, where, limit):
             out.matched += len(letters)
             for chunk in ([[letter] for letter in letters] if rate else [letters]):
@@ -130,10 +151,63 @@ class DeadLetterQueue:
                     progress(len(chunk))
         return out
 
+    def _replay_overlapped(self, pages: OldestFirst, where: Selector | None, limit: int | None, to: str | None,
+                           out: Outcome, progress: Callable[[int], None] | None) -> None:
+        """The unthrottled pass: each batch's script runs (a thread) while the next page is decoded and planned.
+
+        Redis runs one batch's ``replay_batch.lua`` while Python prepares the
+        next. The thread only waits on that one call (everything it sends is
+        built here; forgetting the counters before and recording after stay
+        here): a thread with more round trips waited on the GIL at each, and
+        was slower than no thread. Each page is read after the batch before
+        last has moved and before the last one starts, so the list is as the
+        page's offset from the old end assumes (``OldestFirst``); a batch moved
+        off the list being read is then counted in ``pages.removed``.
+        """
+        left, pending = limit, None
+        with ThreadPoolExecutor(1, thread_name_prefix="celery-dlq-replay") as writer:
+            for key, raws in pages:
+                writing = None
+                if pending:
+                    self.op.forget_keys(pending.counters)   # before its move starts
+                    writing = writer.submit(self._run, pending)
+                letters = self._letters(key, raws, where, left)
+                out.matched += len(letters)
+                batch = self._plan(letters, to, out)
+                if writing and pending:
+                    moved = writing.result()
+                    self._record(pending, moved)
+                    removed = self._account(pending, moved, out)
+                    pages.removed += removed if pending.key == key else 0
+                    if progress:
+                        progress(pending.read)
+                pending = batch if batch.letters else None
+                if not batch.letters and letters and progress:
+                    progress(len(letters))
+                if left is not None:
+                    left -= len(letters)
+                    if left == 0:
+                        break
+            if pending:
+                self._account(pending, self._write(pending), out)
+                if progress:
+                    progress(pending.read)
+
     def _move(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> int:
         """Move ``letters``; returns how many left the list (moved here, or gone already)."""
-        now, plans = self.op.clock(), []
-        for letter in letters:
+        batch = self._plan(letters, to, out)
+        if out.dry_run or not batch.letters:
+            out.targets.update(batch.queues)
+            return 0
+        return self._account(batch, self._write(batch), out)
+
+    def _plan(self, letters: list[DeadLetter], to: str | None, out: Outcome) -> _Batch:
+        """The batch that moves each of ``letters`` with a target (each without one is in ``out.failed``). No Redis."""
+        now, list_key = self.op.clock(), self.op.lists.key
+        batch = _Batch(now=now, key=letters[0].key if letters else "", read=len(letters),
+                       keys=_Keys(self.op.lists.groups(self.name)))
+        index, args = batch.keys.index, batch.args
+        for letter, tag in zip(letters, delivery_tags(len(letters))):
             target = letter.target(to) if letter.message and not letter.header(H.RAW) else None
             if target is None:
                 why = ("not a kombu message" if not letter.message else
@@ -142,26 +216,45 @@ class DeadLetterQueue:
                 out.failed.append(f"{letter.task_id or '<unknown id>'}: {why}")
                 continue
             queue, exchange, routing_key = target
-            plans.append((letter, queue, self.op.lists.key(queue, letter.properties.get("priority")),
-                          json.dumps(letter.replayed(exchange, routing_key, now))))
-        if out.dry_run or not plans:
-            out.targets.update(queue for _, queue, _, _ in plans)
-            return 0
-        self.op.forget([plan[0] for plan in plans])
-        keys = _Keys(self.op.lists.groups(self.name))
-        args: list = []
-        for letter, _, target_key, payload in plans:
-            args += [keys.index(letter.key), keys.index(target_key), letter.raw, payload,
-                     *groups.membership(letter.headers)]
-        moved = self.op.scripts.run("replay_batch", keys.keys, args)
-        for (_, queue, _, _), ok in zip(plans, moved):
-            out.targets[queue] += 1 if ok else 0
-        out.done += sum(moved)
-        out.missing += len(plans) - sum(moved)
+            batch.letters.append(letter)
+            batch.queues.append(queue)
+            args += [index(letter.key), index(list_key(queue, letter.properties.get("priority"))), letter.raw,
+                     _dumps(letter.replayed(exchange, routing_key, now, tag)), *groups.membership(letter.headers)]
+        if batch.letters and not out.dry_run:
+            batch.counters = self.op.counter_keys(batch.letters)
+            batch.entries = self.op.archive.replayed_entries(batch.letters, dlq=self.name, now=now)
+        return batch
+
+    def _write(self, batch: _Batch) -> list[int]:
+        """Move a planned batch, count and archive it; 1 (moved) or 0 (gone) per letter.
+
+        The delivery counters go first (``Operator.forget``), so an interruption anywhere loses nothing.
+        """
+        self.op.forget_keys(batch.counters)
+        moved = self._run(batch)
+        self._record(batch, moved)
+        return moved
+
+    def _run(self, batch: _Batch) -> list[int]:
+        """The batch's one ``replay_batch.lua``: each letter moved (1), or gone already (0). The writer thread's job."""
+        return self.op.scripts.run("replay_batch", batch.keys.keys, batch.args)
+
+    def _record(self, batch: _Batch, moved: list[int]) -> None:
+        """Count and archive what :meth:`_run` moved."""
         self.op.count(Stat.REPLAYED, sum(moved))
         self._count(metrics.Metric.REPLAYED, sum(moved))
-        self.op.archive.replayed([plan[0] for plan, ok in zip(plans, moved) if ok], dlq=self.name, now=now)
-        return len(plans)
+        if batch.entries is not None:
+            self.op.archive.append_entries([entry for entry, ok in zip(batch.entries, moved) if ok],
+                                           EventType.REPLAYED)
+
+    @staticmethod
+    def _account(batch: _Batch, moved: list[int], out: Outcome) -> int:
+        """``out`` updated with what :meth:`_write` did; returns how many left the list (moved, or gone already)."""
+        for queue, ok in zip(batch.queues, moved):
+            out.targets[queue] += 1 if ok else 0
+        out.done += sum(moved)
+        out.missing += len(batch.letters) - sum(moved)
+        return len(batch.letters)
 
     def purge(self, where: Selector | None = None, *, force: bool = False, limit: int | None = None,
               progress: Callable[[int], None] | None = None, batch: int = PAGE) -> Outcome:
@@ -215,6 +308,28 @@ class DeadLetterQueue:
             if progress:
                 progress(len(letters))
         return out
+
+
+@dataclass
+class _Batch:
+    """One batch of a replay as :meth:`DeadLetterQueue._plan` prepares it: all :meth:`~DeadLetterQueue._write` sends.
+
+    ``letters`` are those with a target, ``queues`` their targets;
+    ``keys``/``args`` the ``replay_batch.lua`` call; ``counters`` the keys
+    ``Operator.forget`` deletes; ``entries`` their ``replayed`` events (None:
+    no archive). ``key`` is the list they were read from, ``read`` how many
+    letters of the page the batch stands for.
+    """
+
+    now: float
+    key: str
+    read: int
+    keys: _Keys
+    letters: list[DeadLetter] = field(default_factory=list)
+    queues: list[str] = field(default_factory=list)
+    args: list = field(default_factory=list)
+    counters: list[list[str]] = field(default_factory=list)
+    entries: list[list[str]] | None = None
 
 
 class _Keys:

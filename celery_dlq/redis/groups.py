@@ -69,7 +69,10 @@ def membership(headers: Mapping[str, Any]) -> tuple[str, str]:
 
 def is_group_id(value: Any) -> bool:
     """Whether ``value`` is a group id as :func:`~celery_dlq.fingerprint.group_id` makes them (16 hex digits)."""
-    return isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value)
+    return isinstance(value, str) and len(value) == 16 and not value.strip(_HEX)
+
+
+_HEX = "0123456789abcdef"
 
 
 def hour_of(at: float) -> int:

@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "find_letter",
     "trend",
     "mover_lease",
+    "append_events",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

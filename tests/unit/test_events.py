@@ -16,7 +16,7 @@ from celery_dlq import RedeliveryPolicy, install
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import Envelope, decode_raw, payload_hash
-from celery_dlq.redis import archive as events
+from celery_dlq.redis import archive, events
 from celery_dlq.redis.archive import Event, EventLog, EventType
 from celery_dlq.redis.keys import Keys
 from celery_dlq.settings import DLQSettings
@@ -80,7 +80,7 @@ def test_stream_is_capped_approximately(real_redis, unique):
             assert log.append([Event("parked", start + i) for i in range(50)]) == 50
         assert 100 <= real_redis.xlen(keys.events) < 300
         ids = [entry_id for entry_id, _ in log.events(batch=7)]
-        assert len(ids) == real_redis.xlen(keys.events) and ids == sorted(ids, key=events.parse_id)
+        assert len(ids) == real_redis.xlen(keys.events) and ids == sorted(ids, key=archive.parse_id)
     finally:
         real_redis.delete(keys.events)
 
@@ -251,3 +251,78 @@ def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique
     assert events.event_of(EventType.REDELIVERED, copy).payload_hash == parked_hash
     marked = replace(copy, extra={events.PAYLOAD_HASH: "f" * 32})   # taken as stored, not computed again
     assert events.event_of(EventType.REDELIVERED, marked).payload_hash == "f" * 32
+
+
+@pytest.mark.parametrize("headers, extra", [
+    ({}, {}),
+    ({"task": "proj.charge", "id": "t1", H.ORIGINAL_QUEUE: "orders", H.DELIVERY_COUNT: 3, H.REASON: "worker_lost",
+      H.EXCEPTION_TYPE: "KeyError", H.EXCEPTION_MESSAGE: "é" * 2000, H.FIRST_FAILURE_AT: 1_700_000_000.25,
+      H.WORKER: "w1", H.PAYLOAD_HASH: "a" * 32}, {}),
+    ({"task": "t", H.DELIVERY_COUNT: "bad", H.FIRST_FAILURE_AT: "nope", H.PAYLOAD_HASH: "short"},
+     {"correlation_id": "c1"}),
+    ({"task": "t", H.EXCEPTION_MESSAGE: 7, H.ORIGINAL_QUEUE: "q\0x"}, {"body_encoding": "base64"}),
+])
+def test_a_read_letters_entry_is_the_one_event_of_gives(headers, extra):
+    """The replay's direct builder and the generic Event path write the same stream entry."""
+    from celery_dlq.ops.letters import DeadLetter
+
+    doc = {"body": base64.b64encode(body([1], {"k": "v"})).decode(), "content-type": "application/json",
+           "content-encoding": "utf-8", "headers": headers,
+           "properties": {"body_encoding": "base64", "priority": 0, **extra}}
+    raw = json.dumps(doc).encode()
+    letter = DeadLetter.parse("DLQ.q", "DLQ.q", raw, frozenset())
+    for reason in (None, "ttl"):
+        generic = events.event_of(EventType.TRIMMED, events._as_envelope(raw), ts=1_700_000_001.5, dlq="DLQ.q",
+                                  reason=reason)
+        entry = events.letter_entry(EventType.TRIMMED, letter.decoded, "1700000001500000", "DLQ.q", reason)
+        assert entry == generic.entry() and events.fields_of(entry) == generic.to_fields()
+
+
+def test_a_batch_of_entries_is_appended_field_for_field(any_redis, unique):
+    """append_events.lua writes each entry as given: names, text (any Unicode, NUL), order."""
+    keys = Keys(f"ev{unique}")
+    log = EventLog(any_redis, keys, max_length=1000)
+    entries = [Event("replayed", 1, task_id=f"t{i}", exception_message="é\0\u2028x", delivery=i).entry()
+               for i in range(3)]
+    try:
+        assert log.append_entries(entries, "replayed") == 3
+        rows = any_redis.xrange(keys.events)
+        assert [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in rows] == \
+            [events.fields_of(entry) for entry in entries]
+        assert [list(fields) for _, fields in rows] == [[name.encode() for name in events.fields_of(entry)]
+                                                        for entry in entries]   # in order, as one XADD writes
+        assert log.append_entries([], "replayed") == 0
+    finally:
+        any_redis.delete(keys.events)
+
+
+# -- what a replay's batch relies on -------------------------------------------------
+
+def test_delivery_tags_are_uuid4_text_each_new():
+    import uuid
+
+    from celery_dlq.message import delivery_tags
+
+    tags = delivery_tags(2000)
+    assert len(set(tags)) == 2000 and delivery_tags(0) == []
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert str(parsed) == tag and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+def test_decode_raw_reads_what_kombus_loads_reads():
+    import datetime
+    import decimal
+    import uuid
+
+    from kombu.utils import json as kombu_json
+
+    typed = kombu_json.dumps({"at": datetime.datetime(2026, 1, 2, 3, 4, 5), "n": decimal.Decimal("1.5"),
+                              "id": uuid.UUID(int=7), "b": b"\x00x", "plain": {"__type__": "x", "other": 1}})
+    for raw in (typed.encode(), typed, bytearray(typed.encode()), memoryview(typed.encode()), b"\xff", b"[1]",
+                b'{"a": 1} trailing', "\ufeff{}", b"", None):
+        try:
+            expected = kombu_json.loads(raw)
+        except Exception:
+            expected = None
+        assert decode_raw(raw).doc == (expected if isinstance(expected, dict) else {})

@@ -153,6 +153,27 @@ def test_replay_of_a_group_moves_exactly_its_letters_and_uncounts_them(world):
     assert (again.matched, again.done) == (0, 0) and world.broker.llen(world.queue) == 4
 
 
+def test_a_group_replay_decodes_only_the_letters_holding_its_id(world, monkeypatch):
+    from celery_dlq.ops.letters import DeadLetter
+
+    charge = [world.fail("shop.charge", "KeyError", f"'user_{n}'") for n in range(3)]
+    for n in range(5):
+        world.fail("shop.charge", "ValueError", f"card {n} declined")
+    parse, parsed = DeadLetter.parse.__func__, []
+
+    def counted(cls, queue, key, raw, accept):
+        parsed.append(raw)
+        return parse(cls, queue, key, raw, accept)
+
+    monkeypatch.setattr(DeadLetter, "parse", classmethod(counted))
+    gid = group_id("shop.charge", "KeyError", "'x'")
+    out = world.op.queue(world.dlq).replay(Filter(group=gid), batch=3)
+    assert out.done == 3 and len(parsed) == 3   # the five others were passed over undecoded
+    assert sorted(json.loads(raw)["headers"]["id"] for raw in world.broker.lrange(world.queue, 0, -1)) == \
+        sorted(charge)
+    assert_exact(world)
+
+
 def test_purge_by_filter_and_purge_all_keep_the_counts(world):
     for n in range(3):
         world.fail("shop.charge", "KeyError", f"'user_{n}'")
@@ -238,7 +259,7 @@ def test_cli_groups_lists_them_and_replay_group_takes_one(world):
 
 def test_a_letter_carries_its_payload_hash_and_its_replay_event_reuses_it(world):
     from celery_dlq.message import payload_hash
-    from celery_dlq.redis.archive import Event, _as_envelope, event_of
+    from celery_dlq.redis.events import Event, _as_envelope, event_of
 
     world.fail("shop.charge", "KeyError", "'user_1'")
     (letter,) = world.op.queue(world.dlq).entries()

@@ -357,16 +357,42 @@ def test_replay_interrupted_then_run_again_delivers_each_exactly_once(op, fake):
     assert moved == ids  # each exactly once, oldest first
 
 
+def test_an_unthrottled_replay_overlapping_its_batches_moves_each_selected_letter_once(op, fake):
+    """Each batch is written while the next page is read and planned: across priority lists, with a filter
+    that leaves letters in every page, and letters arriving meanwhile, each selected letter moves once."""
+    letters = [dead_letter(fake, task="shop.charge" if i % 3 else "mail.send", args=(i,), priority=9 if i > 13 else 0)
+               for i in range(24)]
+    dlq = op.queue("orders")
+    original, seen = dlq._run, []
+
+    def arrivals_meanwhile(batch):   # pushed on the new end: they shift no page's offset
+        seen.append(len(batch.letters))
+        dead_letter(fake, task="mail.send", args=(100 + len(seen),), priority=9)
+        return original(batch)
+
+    dlq._run = arrivals_meanwhile
+    progress: list[int] = []
+    out = dlq.replay(Filter(task_name="shop.*"), batch=4, progress=progress.append)
+    charges = [x.task_id for x in letters if x.task_name == "shop.charge"]
+    assert (out.matched, out.done, out.missing, out.failed) == (len(charges), len(charges), 0, [])
+    moved = [m["headers"]["id"] for key in ("orders", "orders\x06\x169") for m in stored(fake, key)]
+    assert moved == charges   # oldest first in each list, each once
+    assert sum(progress) == len(charges) and len(seen) > 2
+    assert [x.task_name for x in dlq.entries()] == ["mail.send"] * (24 - len(charges) + len(seen))
+    assert out.targets == {"orders": len(charges)}
+
+
 def test_a_dead_letter_removed_meanwhile_is_not_pushed(op, fake):
     dead_letter(fake)
     dlq = op.queue("orders")
-    original = dlq._move
+    original = dlq._run
 
-    def someone_else_first(letters, to, out):
-        fake.lrem(letters[0].key, -1, letters[0].raw)
-        return original(letters, to, out)
+    def someone_else_first(batch):   # between the read and the move: another replay or a purge
+        letter = batch.letters[0]
+        fake.lrem(letter.key, -1, letter.raw)
+        return original(batch)
 
-    dlq._move = someone_else_first
+    dlq._run = someone_else_first
     out = dlq.replay()
     assert (out.matched, out.done, out.missing) == (1, 0, 1)
     assert fake.llen("orders") == 0
