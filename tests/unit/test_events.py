@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import pickle
+import re
 
 import fakeredis
 import pytest
@@ -19,6 +20,7 @@ from celery_dlq.message import Envelope, decode_raw, payload_hash
 from celery_dlq.redis import archive, events
 from celery_dlq.redis.archive import Event, EventLog, EventType
 from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import PRELUDE, SCRIPT_NAMES, script_body
 from celery_dlq.settings import DLQSettings
 from celery_dlq.worker.mover import MoverThread
 
@@ -326,3 +328,20 @@ def test_decode_raw_reads_what_kombus_loads_reads():
         except Exception:
             expected = None
         assert decode_raw(raw).doc == (expected if isinstance(expected, dict) else {})
+
+
+def test_the_events_a_lua_script_spells_out_use_the_schemas_names():
+    """The moves' ``redelivered`` events are written by lib.lua (for move_due.lua and fetch.lua) with literal
+    field names; the schema is named in redis/events.py, so every literal name and type must be its own."""
+    spelled = {}
+    for name in (PRELUDE, *SCRIPT_NAMES):
+        for call in re.findall(r"'XADD',(.*?)\)\n", script_body(name), re.S):
+            args = [arg.strip() for arg in call.split(",")]
+            pairs = args[args.index("'*'") + 1:]
+            if pairs and all(field.startswith("'") for field in pairs[0::2]):
+                spelled[name] = dict(zip((f.strip("'") for f in pairs[0::2]), pairs[1::2]))
+    assert set(spelled) == {PRELUDE}, spelled          # the one place in Lua; a new one is checked here too
+    for fields in spelled.values():
+        assert set(fields) <= set(events.ENTRY_NAMES)
+        assert fields["v"].strip("'") == str(events.SCHEMA_VERSION)
+        assert fields["type"].strip("'") in EventType.ALL
