@@ -17,7 +17,6 @@ replicas (``dlq_store_min_replicas``: the fetch does not ``WAIT``).
 """
 from __future__ import annotations
 
-import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -27,8 +26,6 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.store import add_moves, to_ms
-
-logger = logging.getLogger(__name__)
 
 #: The most due entries one fetch moves (a fetch happens per message taken: a few suffice).
 LIMIT = 20
