@@ -70,13 +70,19 @@ def test_a_group_link_lists_exactly_its_letters(web, world):
     assert ids_on(html) == ["id-6", "id-7", "id-8"]
 
 
+def confirm_and_run(c, web, action: str, group: str) -> tuple[str, dict]:
+    """The confirmation page of ``action`` on ``group``, then its POST (with that page's CSRF token) run to the end."""
+    confirm = c.get(f"/dlq/DLQ.orders/confirm?action={action}&group={group}").text
+    r = c.post(f"/dlq/DLQ.orders/{action}", data={"csrf_token": CSRF.findall(confirm)[-1], "group": group},
+               follow_redirects=False)
+    return confirm, run_job(c, web, r)
+
+
 def test_replay_this_group_moves_exactly_its_members(web, world):
     c = client(web)
-    confirm = c.get(f"/dlq/DLQ.orders/confirm?action=replay&group={CHARGE}").text
+    confirm, outcome = confirm_and_run(c, web, "replay", CHARGE)
     assert "<strong>5</strong> dead letters to their original queue" in confirm
-    r = c.post("/dlq/DLQ.orders/replay", data={"csrf_token": CSRF.findall(confirm)[-1], "group": CHARGE},
-               follow_redirects=False)
-    assert run_job(c, web, r) == {"done": 5, "missing": 0, "failed": 0}
+    assert outcome == {"done": 5, "missing": 0, "failed": 0}
     moved = {json.loads(raw)["headers"]["id"] for raw in world.broker.lrange("orders", 0, -1)}
     assert moved == {f"id-{n}" for n in range(1, 6)} and world.broker.llen("orders") == 5
     left = {letter["headers"]["id"]: letter["headers"][H.GROUP] for letter in world.letters()}
@@ -87,11 +93,9 @@ def test_replay_this_group_moves_exactly_its_members(web, world):
 
 def test_purge_this_group_deletes_exactly_its_members(web, world):
     c = client(web)
-    confirm = c.get(f"/dlq/DLQ.orders/confirm?action=purge&group={SHIP}").text
+    confirm, outcome = confirm_and_run(c, web, "purge", SHIP)
     assert "delete for good <strong>2</strong> dead letters" in confirm
-    r = c.post("/dlq/DLQ.orders/purge", data={"csrf_token": CSRF.findall(confirm)[-1], "group": SHIP},
-               follow_redirects=False)
-    assert run_job(c, web, r) == {"done": 2, "missing": 0, "failed": 0}
+    assert outcome == {"done": 2, "missing": 0, "failed": 0}
     assert {l["headers"]["id"] for l in world.letters()} == {f"id-{n}" for n in range(1, 9)}
     assert world.broker.llen("orders") == 0
     assert_exact(world)
