@@ -67,3 +67,9 @@ def broker_client(conf: Any, client: Any, redis_url: str) -> Any:
     """A client on the broker's Redis: ``client`` itself when it is ``redis_url``'s and that is the broker."""
     url = broker_url(conf)
     return client if url == redis_url else connect(url)
+
+
+def listener_client(url: str) -> Any:
+    """A client on the broker speaking RESP2, whose pub/sub connection receives key invalidations as messages
+    (redis-py 8 speaks RESP3 by default, where they arrive as pushes only its own cache handles)."""
+    return open_client(url, socket_connect_timeout=5, socket_timeout=30, protocol=2)

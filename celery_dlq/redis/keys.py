@@ -158,9 +158,25 @@ class Keys:
         return f"{self.base}:fetched:{consumer}"
 
     def fetch_wake(self, consumer: str) -> str:
-        """ZSET with at most one member: the token that ends one consumer's idle fetch wait (on the broker's
-        Redis; written when a keyspace notification says one of its lists was pushed to)."""
+        """ZSET, on the broker's Redis: written when one channel closes, to end its own idle wait at once."""
         return f"{self.base}:fetchwake:{consumer}"
+
+    def fetch_marker(self, queue: str) -> str:
+        """ZSET with at most one member, on the broker's Redis: written by the fetch listener when ``queue``'s
+        lists hold a message (``fetch_signal.lua``); an idle fetch blocks on it (``BZPOPMIN``), so one
+        message wakes one worker, and deleted by a fetch that finds the queue empty."""
+        return f"{self.base}:marker:{queue}"
+
+    @property
+    def fetch_queues(self) -> str:
+        """ZSET queue -> when a fetch last found it empty (ms), on the broker: the queues the listener hears."""
+        return self.base + ":fetch:queues"
+
+    @property
+    def fetch_listening(self) -> str:
+        """SET, expiring, on the broker: the queues a live fetch listener hears; a fetch blocks on their
+        markers only when all of its queues are here."""
+        return self.base + ":fetch:listening"
 
     @property
     def due_wake(self) -> str:
@@ -170,18 +186,14 @@ class Keys:
 
     @property
     def mover_lease(self) -> str:
-        """STRING, expiring: the id of the one worker that moves due entries (home set only)."""
+        """STRING, expiring: the id of the one worker that moves due entries and runs the fetch listener
+        (home set only; ``heartbeat.lua``)."""
         return self.base + ":mover"
 
     @property
-    def mover_standby(self) -> str:
-        """STRING, expiring: the id of the worker that takes the lease over as soon as it expires."""
-        return self.base + ":mover:standby"
-
-    @property
-    def movers(self) -> str:
-        """ZSET mover id -> when it stops counting (ms): the other movers, whose count scales their tries."""
-        return self.base + ":movers"
+    def workers(self) -> str:
+        """ZSET worker id -> its last heartbeat (ms): the live workers (``heartbeat.lua``, home set only)."""
+        return self.base + ":workers"
 
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""

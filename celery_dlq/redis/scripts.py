@@ -33,7 +33,8 @@ SCRIPT_NAMES = (
     "remove_letters",
     "find_letter",
     "trend",
-    "mover_lease",
+    "heartbeat",
+    "fetch_signal",
     "append_events",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).

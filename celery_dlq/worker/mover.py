@@ -29,13 +29,16 @@ from celery_dlq import headers as H
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
-from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.client import broker_url, listener_client
+from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.lease import MoverLease
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
+from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.mover_turns import MoverTurns
 from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.transport_setup import uses_fetch
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +61,23 @@ class MoverThread(threading.Thread):
         self._stop_event = threading.Event()
         self._turn = -1
         ident = f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}"
-        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease)
-        self.turns = MoverTurns(lease, self._stop_event, self.interval, between=self._flush_counters)
+        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
+                           settings.heartbeat_interval)
+        self.turns = MoverTurns(lease, self._stop_event, self.interval, between=self._flush_counters,
+                                on_role=self._on_role)
+        self.listener: FetchListener | None = None
+
+    def _on_role(self, holds: bool) -> None:
+        """The lease holder also runs the fetch listener (``worker/fetch_listener.py``), where fetches use it."""
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+        if holds and self.runtime.settings.fetch_listener and uses_fetch(self.app):
+            url = broker_url(self.app.conf)
+            lists = self.runtime.lists
+            self.listener = FetchListener(lambda: listener_client(url),
+                                          Keys(self.runtime.settings.key_prefix, lists.global_keyprefix), lists)
+            self.listener.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop_event.set()
@@ -104,6 +122,8 @@ class MoverThread(threading.Thread):
         except Exception:
             logger.warning("celery-dlq mover: could not give up the mover lease; another worker takes over when "
                            "it expires", exc_info=True)
+        finally:
+            self._on_role(False)
 
     def _flush_counters(self) -> None:
         flush_counts(self.runtime)

@@ -1,43 +1,37 @@
 """Whose turn it is to move: one worker at a time, so the movers' Redis work does not grow with the workers.
 
-Every worker runs a mover thread, but only the holder of the store's mover
-lease (:class:`~celery_dlq.redis.lease.MoverLease`) moves:
+Every worker runs a mover thread, which is also its heartbeat: every
+``dlq_heartbeat_interval`` seconds it runs ``heartbeat.lua``
+(:class:`~celery_dlq.redis.lease.MoverLease`), which records the worker as
+alive and gives it the mover lease when the lease is free. Only the holder
+moves:
 
 * **The holder** knows the earliest due time from its last pass and blocks
-  on the store's wake marker (``BZPOPMIN``) until shortly before it; a park
-  of an earlier entry (``park.lua``) or an operator's "redeliver now" writes
-  the marker and wakes it at once. Redis ends a blocking command's timeout
-  on its 10 Hz cron, up to ~100 ms late, so the last :data:`EARLY` seconds
-  are slept locally. It renews the lease when half of it is spent.
-* **The standby** reads the lease's time to live (one ``PTTL``) and sleeps
-  until then; when the lease has expired (the holder died or stalled) it
-  takes it over in the same try. It renews its own place (six leases long)
-  every two leases.
-* **Every other worker** counts itself in the store and looks again after
-  2 x ``dlq_mover_lease`` x (how many count) x U(0.5, 1.5) seconds, so all of
-  them together look about once per two leases, however many they are: one
-  ``EXISTS`` of the lease and the standby's place, and a full try (which
-  takes what is free and renews the count) when either is free or every
-  fourth look. They matter only when the holder and the standby both died.
+  on the store's wake marker (``BZPOPMIN``) until shortly before it or its
+  next beat; a park of an earlier entry (``park.lua``) or an operator's
+  "redeliver now" writes the marker and wakes it at once. Redis ends a
+  blocking command's timeout on its 10 Hz cron, up to ~100 ms late, so the
+  last :data:`EARLY` seconds are slept locally. It also runs the fetch
+  listener (``on_role``).
+* **Every other worker** beats and sleeps until its next beat: one command
+  per interval, nothing else.
 
-Takeover: when the holder dies, its lease expires at most ``dlq_mover_lease``
-seconds after its last renewal, and the standby takes it over then (plus a
-round trip) and moves at once. Only when the standby died too does it take
-longer: the free lease is taken by the first other worker to look, on
-average two leases later (one worker alone: within three leases).
-With several shards the holder cannot block on one marker
-(a Redis Cluster forbids keys of several slots in one command) and looks
-every ``dlq_mover_interval`` instead, as before; still only one worker does.
+Takeover: the lease outlives its holder's last beat by ``dlq_mover_lease``
+minus one interval, and every live worker beats once per interval, so
+whichever workers die (the holder, any others, all but one), a survivor
+holds the lease and moves within ``dlq_mover_lease`` of the holder's last
+beat. With several shards the holder cannot block on one marker (a Redis
+Cluster forbids keys of several slots in one command) and looks every
+``dlq_mover_interval`` instead; still only one worker does.
 """
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from typing import Callable
 
-from celery_dlq.redis.lease import MoverLease, Role
+from celery_dlq.redis.lease import MoverLease
 
 logger = logging.getLogger(__name__)
 
@@ -49,74 +43,45 @@ MIN_GAP = 0.02
 #: The longest the holder trusts the earliest due time it read (seconds): entries parked without the wake
 #: marker (by a worker of an earlier release, during a rolling deploy) are moved this late at worst.
 REFRESH = 60.0
-#: Together the other movers look about once per this many leases (to take a lease or a standby's place
-#: that is free: the holder and the standby both died).
-OTHERS_EVERY = 2
-#: An other mover's looks are one EXISTS each, and a full try (which renews its count) every this many.
-RECOUNT = 4
 #: The longest local sleep between two flushes of the delivery counters of acknowledged messages (seconds).
 SLICE = 1.0
 
 
 class MoverTurns:
-    """One mover's role and its waits (see the module docstring). ``between`` runs between wait slices."""
+    """One mover's heartbeat, role and waits (see the module docstring). ``between`` runs between wait slices;
+    ``on_role(True)`` when this worker takes the lease, ``on_role(False)`` when it loses it."""
 
     def __init__(self, lease: MoverLease, stop: threading.Event, interval: float,
-                 between: Callable[[], object] = lambda: None, rng: Callable[[], float] = random.random) -> None:
-        self.lease, self.stop, self.interval, self.between, self.rng = lease, stop, interval, between, rng
-        self.role = Role.OTHER
-        self.others = 1
-        self.checks = RECOUNT      # cheap checks since the last try (a first try is a full one)
-        self.renew_at = 0.0        # monotonic: when the holder renews its lease
-        self.standby_until = 0.0   # monotonic: when the standby renews its place
+                 between: Callable[[], object] = lambda: None,
+                 on_role: Callable[[bool], object] = lambda holds: None) -> None:
+        self.lease, self.stop, self.interval, self.between, self.on_role = lease, stop, interval, between, on_role
+        self.holder = False
+        self.beat_at = 0.0         # monotonic: when this worker beats next (the holder renews its lease then)
         self.soonest: float | None = None   # unix seconds: the earliest due time, as of the last look
         self.fresh = False         # whether ``soonest`` still holds (no pass, no wake-up since)
         self.passed_at = 0.0       # monotonic: when the last pass started
         self.looked_at = 0.0       # monotonic: when ``soonest`` was read
-        #: True while the holder blocks on the marker (a stopping worker then writes it).
-        self.blocking = False
-
-    @property
-    def ttl(self) -> float:
-        return self.lease.lease
+        self._lock = threading.Lock()
+        self._blocking = False     # the holder blocks on the marker (a stopping worker then writes it)
 
     def take_turn(self) -> bool:
-        """True when this worker holds the lease (renewed here when half spent); else wait, return False."""
+        """Beat when it is time; True when this worker holds the lease, else sleep until the next beat, False."""
         now = time.monotonic()
-        if self.role is Role.HOLDER and now < self.renew_at:
+        if now >= self.beat_at:
+            holds = self.lease.beat()
+            self.beat_at = now + self.lease.interval
+            if holds != self.holder:
+                self.holder, self.fresh = holds, False
+                if holds:
+                    logger.info("celery-dlq mover: this worker moves due messages now (lease %.1fs)",
+                                self.lease.lease)
+                else:
+                    logger.warning("celery-dlq mover: another worker holds the mover lease now")
+                self.on_role(holds)
+        if self.holder:
             return True
-        if self.role is Role.STANDBY:
-            if now >= self.standby_until:
-                self.lease.keep_place()
-                self.standby_until = now + 2 * self.ttl
-            left = self.lease.remaining()
-            if left > 0:
-                self._sleep(left + 0.005)
-                return False
-        if self.role is Role.OTHER and self.checks < RECOUNT and self.lease.both_held():
-            self.checks += 1   # a holder and a standby: nothing to do (one EXISTS); the count stands
-            self._sleep(self._other_wait(0.5 + self.rng()))
-            return False
-        turn = self.lease.try_turn(counted_for=(RECOUNT + 1) * self._other_wait(1.5) + self.ttl)
-        self.checks = 0
-        was, self.role = self.role, turn.role
-        if turn.role is Role.HOLDER:
-            self.renew_at = now + self.ttl / 2
-            if was is not Role.HOLDER:
-                self.fresh = False
-                logger.info("celery-dlq mover: this worker moves due messages now (lease %.1fs)", self.ttl)
-            return True
-        if was is Role.HOLDER:
-            logger.warning("celery-dlq mover: lost the mover lease (renewed too late); another worker moves")
-        if turn.role is Role.STANDBY:
-            self.standby_until = now + 2 * self.ttl
-            return False
-        self.others = max(1, turn.others)
-        self._sleep(self._other_wait(0.5 + self.rng()))
+        self._sleep(self.beat_at - time.monotonic())
         return False
-
-    def _other_wait(self, factor: float) -> float:
-        return OTHERS_EVERY * self.ttl * self.others * factor
 
     def due(self) -> bool:
         """Whether the holder should make a pass now (the earliest due time is unknown or has come)."""
@@ -127,13 +92,13 @@ class MoverTurns:
         self.fresh, self.passed_at = False, started
 
     def wait_for_due(self, next_due: Callable[[], float | None], can_block: bool) -> None:
-        """The holder's wait between passes: returns when an entry is due or the lease is to be renewed."""
+        """The holder's wait between passes: returns when an entry is due or its next beat is due."""
         while not self.stop.is_set():
             now = time.monotonic()
             if not self.fresh or now - self.looked_at >= REFRESH:
                 self.soonest, self.fresh, self.looked_at = next_due(), True, now
-            renew_in = self.renew_at - now
-            wait = renew_in if self.soonest is None else min(renew_in, max(self.soonest - time.time(),
+            beat_in = self.beat_at - now
+            wait = beat_in if self.soonest is None else min(beat_in, max(self.soonest - time.time(),
                                                                            self.passed_at + MIN_GAP - now))
             if wait <= 0:
                 return
@@ -145,12 +110,16 @@ class MoverTurns:
                 self.stop.wait(wait)
                 continue
             self.between()
-            self.blocking = True
+            with self._lock:
+                self._blocking = True
             try:
+                if self.stop.is_set():   # a stop between the check above and the flag: it wrote no marker
+                    return
                 if self.lease.wait_for_due(wait - EARLY):
                     self.fresh = False
             finally:
-                self.blocking = False
+                with self._lock:
+                    self._blocking = False
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -162,12 +131,15 @@ class MoverTurns:
             self.between()
 
     def stop_waiting(self) -> None:
-        """End a blocking wait of this thread (called from the stopping thread)."""
-        if self.blocking:
+        """End a blocking wait of this thread (called from the stopping thread, after it set ``stop``)."""
+        with self._lock:
+            blocking = self._blocking
+        if blocking:
             self.lease.wake()
 
     def release(self) -> None:
-        """Give the lease (or the standby's place) up, so another worker takes over without waiting for it to expire."""
-        if self.role in (Role.HOLDER, Role.STANDBY):
-            self.lease.release()
-        self.role = Role.OTHER
+        """Give the lease up and leave the live workers, so another worker takes over at its next beat."""
+        self.lease.release()
+        if self.holder:
+            self.holder = False
+            self.on_role(False)

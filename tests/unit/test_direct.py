@@ -18,7 +18,7 @@ from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves
+from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves, to_ms
 from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 
@@ -157,9 +157,9 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
 def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):
     """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch_moves.py``)."""
     keys = [*lists, *(store.keys.quarantine(name) for name in lists), "unacked", "unacked_index",
-            store.keys.fetched("c1"), *store.keys.move_keys()]
+            store.keys.fetched("c1"), store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
     moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
-    return Scripts(store.client).run("fetch", keys, [len(lists), now, *moves.args(now)])
+    return Scripts(store.client).run("fetch", keys, [len(lists), now, 0, to_ms(now), *moves.args(now)])
 
 
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):

@@ -144,10 +144,13 @@ def test_a_delivery_count_is_believed_only_in_range(value, problem):
 
 # -- the scripts ---------------------------------------------------------------------
 
-def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0):
+def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0,
+          queues: tuple[str, ...] = ()):
+    """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener)."""
     all_keys = [*lists, *(keys.quarantine(name.split("\x06\x16")[0]) for name in lists),
-                "unacked", "unacked_index", keys.fetched(consumer)]
-    return Scripts(client).run("fetch", all_keys, [len(lists), now])
+                "unacked", "unacked_index", keys.fetched(consumer), *(keys.fetch_marker(q) for q in queues),
+                keys.fetch_queues, keys.fetch_listening]
+    return Scripts(client).run("fetch", all_keys, [len(lists), now, len(queues), int(now * 1000), *queues])
 
 
 def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, unique):
@@ -221,7 +224,7 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {
         "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25,
-        TS.OPTION_NOTIFY: "auto"}
+        TS.OPTION_LISTENER: True}
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport

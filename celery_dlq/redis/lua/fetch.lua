@@ -4,33 +4,44 @@
 -- them. Here nothing is popped without being recorded, and a list element
 -- that is not a kombu message is moved to its queue's quarantine, never lost.
 --
--- KEYS[1..n]      queue lists      (LIST) in priority order, as kombu's BRPOP takes them
--- KEYS[n+1..2n]   quarantines      (LIST) raw elements of list i that are not kombu messages
--- KEYS[2n+1]      unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
--- KEYS[2n+2]      unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
--- KEYS[2n+3]      fetched          (SET)  delivery tags this consumer fetched and has not acked
--- KEYS[2n+4..2n+11] (only with ARGV[3] > 0) the parked store's keys, as move_due.lua takes them
+-- KEYS[1..n]          queue lists      (LIST) in priority order, as kombu's BRPOP takes them
+-- KEYS[n+1..2n]       quarantines      (LIST) raw elements of list i that are not kombu messages
+-- KEYS[2n+1]          unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
+-- KEYS[2n+2]          unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
+-- KEYS[2n+3]          fetched          (SET)  delivery tags this consumer fetched and has not acked
+-- KEYS[2n+4..2n+3+m]  wake markers     (ZSET) one per queue, at most one member: the fetch listener writes it
+--                                      when the queue's lists hold a message; an idle fetch blocks on them
+-- KEYS[2n+4+m]        fetch queues     (ZSET) queue -> when a fetch last found it empty (ms): what the listener hears
+-- KEYS[2n+5+m]        listening        (SET)  the queues a live fetch listener hears pushes to
+-- KEYS[2n+6+m..]      (only with a move limit > 0) the parked store's keys, as move_due.lua takes them
 -- ARGV[1] = n, the number of queue lists
 -- ARGV[2] = now, unix seconds (float), the unacked_index score
--- ARGV[3] = the most due parked entries moved onto these lists first (absent or 0: none): a busy
---           worker moves what came due for its own queues without waiting for the mover, as BullMQ's
---           moveToActive promotes delayed jobs (worker/fetch_moves.py); with move_due.lua's bookkeeping
--- ARGV[4] = now (ms), for the moves
--- ARGV[5] = the archive's MAXLEN (approximate); 0: no events
--- ARGV[6] = the events' time (integer microseconds)
--- ARGV[7] = the stats counter that counts the moves
--- Returns nil when every list is empty and nothing was moved, else {i, element, status, tag, queue,
--- task, n, ...}: status is "ok" (recorded under delivery tag `tag`), "quarantined" (moved to KEYS[n+i];
--- tag is "") or "none" (nothing popped; i is 0); then the moves per queue and task, as move_due.lua's.
+-- ARGV[3] = m, the number of wake markers (0: no fetch listener, the channel waits its own way)
+-- ARGV[4] = now (ms)
+-- ARGV[5..4+m]   the queue of each marker (members of the fetch queues and listening sets)
+-- ARGV[5+m]      the most due parked entries moved onto these lists first (0: none): a busy worker
+--                moves what came due for its own queues without waiting for the mover, as BullMQ's
+--                moveToActive promotes delayed jobs (worker/fetch_moves.py); with move_due.lua's bookkeeping
+-- ARGV[6+m]      the archive's MAXLEN (approximate); 0: no events
+-- ARGV[7+m]      the events' time (integer microseconds)
+-- ARGV[8+m]      the stats counter that counts the moves
+-- Returns, when every list is empty and nothing was moved: 0 when a listener hears every one of these
+-- queues (block on the markers), nil otherwise (wait without it). Else {i, element, status, tag,
+-- queue, task, n, ...}: status is "ok" (recorded under delivery tag `tag`), "quarantined" (moved to
+-- KEYS[n+i]; tag is "") or "none" (nothing popped; i is 0); then the moves per queue and task.
 local n = tonumber(ARGV[1])
+local m = tonumber(ARGV[3])
+local extra = 4 + m
 local moves = {}
-local limit = tonumber(ARGV[3] or '0')
-if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[2 * n + 4], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
+local limit = tonumber(ARGV[extra + 1] or '0')
+local store = 2 * n + 6 + m
+if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[store], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
   local lists = {}
   for i = 1, n do
     lists[KEYS[i]] = i
   end
-  local _, _, per_task = move_due_entries(2 * n + 4, lists, ARGV[4], limit, tonumber(ARGV[5]), ARGV[6], ARGV[7])
+  local _, _, per_task = move_due_entries(store, lists, ARGV[4], limit, tonumber(ARGV[extra + 2]),
+                                          ARGV[extra + 3], ARGV[extra + 4])
   append_moves(moves, per_task)
 end
 local function reply(i, element, status, tag)
@@ -40,8 +51,23 @@ local function reply(i, element, status, tag)
   end
   return out
 end
-if #moves == 0 and redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (no key):
-  return nil                                           -- one command, not one RPOP per list
+if #moves == 0 and redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (no key)
+  if m == 0 then
+    return nil
+  end
+  -- Empty now, so any marker of these queues is stale: the next push writes it again.
+  redis.call('DEL', unpack(KEYS, 2 * n + 4, 2 * n + 3 + m))
+  local heard = true
+  for j = 1, m do
+    redis.call('ZADD', KEYS[2 * n + 4 + m], ARGV[4], ARGV[4 + j])
+    if heard and redis.call('SISMEMBER', KEYS[2 * n + 5 + m], ARGV[4 + j]) == 0 then
+      heard = false
+    end
+  end
+  if heard then
+    return 0
+  end
+  return nil
 end
 for i = 1, n do
   local element = redis.call('RPOP', KEYS[i])

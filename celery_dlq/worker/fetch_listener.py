@@ -1,0 +1,216 @@
+"""The fetch listener: one thread, in the worker holding the mover lease, that wakes one idle worker per message.
+
+The fetch pops and records in one script, and a script cannot block, so an
+idle channel blocks on a wake marker per queue (``BZPOPMIN``; a ZSET with at
+most one member). This thread hears every write to the watched queues'
+lists through Redis' client tracking in broadcast mode (``CLIENT TRACKING ON
+BCAST PREFIX <queue> ... REDIRECT <id>``: invalidation messages, no server
+configuration, Redis >= 6) and writes the marker of each queue whose lists
+hold a message (``fetch_signal.lua``). Redis serves a marker's one member to
+one blocked client, so a message wakes one idle worker however many wait,
+as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
+queue again if another message is left, waking the next.
+
+The queues to hear are those fetches register (``Keys.fetch_queues``,
+written by a fetch that finds its queues empty). The thread publishes the
+queues it hears in ``Keys.fetch_listening`` (a SET living
+:data:`LISTENING_TTL`); a fetch blocks on its markers only when all of its
+queues are there, and otherwise waits without them (the channel's fallback),
+so a listener that dies, or one that has not yet heard a new queue, never
+leaves a message waiting longer than that fallback.
+
+Every :data:`CHECK` seconds the thread checks that tracking is still on
+(``CLIENT TRACKINGINFO``), reads the registered queues and renews the SET;
+when the queues changed or tracking was lost it tracks again and marks
+every queue that holds a message (what was pushed meanwhile).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import redis
+
+from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.redis.scripts import Scripts
+
+logger = logging.getLogger(__name__)
+
+#: The pub/sub channel Redis sends key invalidations on (RESP2 redirect).
+INVALIDATE = "__redis__:invalidate"
+#: Seconds between two checks of the tracking, the registered queues and the listening SET.
+CHECK = 2.0
+#: How long the listening SET outlives the listener's last check (ms): then fetches stop relying on it.
+LISTENING_TTL_MS = 6_000
+#: A queue no fetch found empty for this long is no longer heard (ms).
+STALE_MS = 3_600_000
+#: Most lists marked by one script.
+BATCH = 256
+#: After tracking was refused (an ACL, a proxy, an old server): try again after this long (seconds).
+REFUSED_WAIT = 60.0
+
+
+def prefixes(names: Iterable[str]) -> list[str]:
+    """The fewest prefixes covering ``names``: Redis refuses two tracked prefixes where one starts the other."""
+    kept: list[str] = []
+    for name in sorted(set(names)):
+        if not any(name.startswith(prefix) for prefix in kept):
+            kept.append(name)
+    return kept
+
+
+def tracking_on(info: Any, redirect: int) -> bool:
+    """Whether a ``CLIENT TRACKINGINFO`` reply (RESP2: a flat list of pairs) says broadcast tracking to
+    ``redirect`` is on and its redirect alive."""
+    fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
+    flags = {bytes(flag) if isinstance(flag, (bytes, bytearray)) else str(flag).encode()
+             for flag in fields.get(b"flags", fields.get("flags", []))}
+    target = fields.get(b"redirect", fields.get("redirect"))
+    return b"on" in flags and b"bcast" in flags and b"broken_redirect" not in flags and target == redirect
+
+
+class FetchListener(threading.Thread):
+    """Hears writes to the watched queues' lists and writes their wake markers (see the module docstring)."""
+
+    def __init__(self, connect: Callable[[], Any], keys: Keys, lists: QueueLists,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name="celery-dlq-fetch-listener", daemon=True)
+        self.connect, self.keys, self.lists, self.clock = connect, keys, lists, clock
+        self._stop_event = threading.Event()
+        #: full list name -> its queue's marker, for every queue heard
+        self.watched: dict[str, str] = {}
+        self.signalled = 0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stop_event.is_set():
+            client = pubsub = None
+            try:
+                client = self.connect()
+                pubsub = client.pubsub()
+                self._listen(client, pubsub)
+                backoff = 0.5
+            except redis.ResponseError as exc:   # CLIENT TRACKING refused: fetches keep their fallback wait
+                logger.warning("celery-dlq: the fetch listener cannot track the queues (%s); idle fetches wait "
+                               "without it (a message on a queue's second list waits up to dlq_fetch_wait); "
+                               "trying again in %.0fs", exc, REFUSED_WAIT)
+                self._stop_event.wait(REFUSED_WAIT)
+            except Exception as exc:   # the connection was lost (a Redis restart): heard again once back
+                logger.debug("celery-dlq: the fetch listener lost its connection (%s: %s); again in %.1fs",
+                             type(exc).__name__, exc, backoff)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                self._close(pubsub, client)
+        self._forget()
+
+    # -- one connection's life ------------------------------------------------------
+
+    def _listen(self, client: Any, pubsub: Any) -> None:
+        pubsub.execute_command("CLIENT", "ID")
+        redirect = int(pubsub.parse_response(timeout=5))
+        pubsub.subscribe(INVALIDATE)
+        tracker = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+        scripts = Scripts(tracker)
+        try:
+            queues: frozenset[str] = frozenset()
+            tracked = False
+            next_check = 0.0
+            while not self._stop_event.is_set():
+                now = time.monotonic()
+                if now >= next_check:
+                    queues, tracked = self._check(tracker, scripts, redirect, queues, tracked)
+                    next_check = now + CHECK
+                message = pubsub.get_message(timeout=max(0.0, min(0.5, next_check - time.monotonic())))
+                written = self._written(message)
+                while message is not None and len(written) < BATCH:
+                    message = pubsub.get_message(timeout=0.0)
+                    written |= self._written(message)
+                if written:
+                    self._signal(scripts, written)
+        finally:
+            tracker.close()
+
+    def _check(self, tracker: Any, scripts: Scripts, redirect: int, queues: frozenset[str],
+               tracked: bool) -> tuple[frozenset[str], bool]:
+        now_ms = int(self.clock() * 1000)
+        pipe = tracker.pipeline(transaction=False)
+        pipe.zrangebyscore(self.keys.fetch_queues, now_ms - STALE_MS, "+inf")
+        pipe.execute_command("CLIENT", "TRACKINGINFO")
+        pipe.pexpire(self.keys.fetch_listening, LISTENING_TTL_MS)
+        registered, info, _ = pipe.execute()
+        current = frozenset(member.decode("utf-8", "surrogateescape") if isinstance(member, bytes) else member
+                            for member in registered)
+        if current == queues and tracked and tracking_on(info, redirect):
+            return queues, True
+        if not current:
+            return current, False
+        self._track(tracker, redirect, current)
+        self._signal(scripts, set(self.watched))   # what was pushed before the tracking took
+        pipe = tracker.pipeline(transaction=True)
+        pipe.delete(self.keys.fetch_listening)
+        pipe.sadd(self.keys.fetch_listening, *sorted(current))
+        pipe.pexpire(self.keys.fetch_listening, LISTENING_TTL_MS)
+        pipe.zremrangebyscore(self.keys.fetch_queues, "-inf", now_ms - STALE_MS)
+        pipe.execute()
+        logger.debug("celery-dlq: the fetch listener hears %d queue(s)", len(current))
+        return current, True
+
+    def _track(self, tracker: Any, redirect: int, queues: frozenset[str]) -> None:
+        self.watched = {key: self.keys.fetch_marker(queue) for queue in queues for key in self.lists.keys(queue)}
+        names = prefixes(self.lists.global_keyprefix + queue for queue in queues)
+        tracker.execute_command("CLIENT", "TRACKING", "OFF")
+        args: list[Any] = ["CLIENT", "TRACKING", "ON", "REDIRECT", redirect, "BCAST"]
+        for name in names:
+            args += ["PREFIX", name]
+        tracker.execute_command(*args, "NOLOOP")
+
+    def _written(self, message: Any) -> set[str]:
+        """The watched lists an invalidation message names (all of them for a flush, which names none)."""
+        if not message or message.get("type") != "message":
+            return set()
+        data = message.get("data")
+        if data is None:
+            return set(self.watched)
+        names = data if isinstance(data, list) else [data]
+        written = set()
+        for name in names:
+            key = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else str(name)
+            if key in self.watched:
+                written.add(key)
+        return written
+
+    def _signal(self, scripts: Scripts, lists: set[str]) -> None:
+        ordered = sorted(lists)
+        for start in range(0, len(ordered), BATCH):
+            part = ordered[start:start + BATCH]
+            self.signalled += int(scripts.run("fetch_signal", part + [self.watched[key] for key in part], []))
+
+    # -- the end ------------------------------------------------------------------
+
+    def _forget(self) -> None:
+        """A stopping listener takes its SET down, so fetches wait without it at once (best effort)."""
+        client = None
+        try:
+            client = self.connect()
+            client.delete(self.keys.fetch_listening)
+        except Exception:
+            logger.debug("celery-dlq: could not take the fetch listener's set down", exc_info=True)
+        finally:
+            self._close(None, client)
+
+    @staticmethod
+    def _close(pubsub: Any, client: Any) -> None:
+        for thing in (pubsub, client):
+            if thing is not None:
+                try:
+                    thing.close()
+                except Exception:
+                    logger.debug("celery-dlq: error closing a fetch listener connection", exc_info=True)

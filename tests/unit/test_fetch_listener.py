@@ -1,0 +1,76 @@
+"""The fetch's wake markers and the listener's pieces: one message marks its queue once, an empty fetch
+clears its markers and says whether a listener hears it; the prefixes and tracking checks are pure."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import Scripts
+from celery_dlq.worker.fetch_listener import prefixes, tracking_on
+from tests.unit.test_fetch import celery_message, fetch
+
+
+def signal(client, pairs):
+    lists = [name for name, _ in pairs]
+    return Scripts(client).run("fetch_signal", lists + [marker for _, marker in pairs], [])
+
+
+def test_a_signal_marks_only_queues_holding_a_message_and_a_marker_holds_one_member(any_redis, unique):
+    keys, q, r = Keys(f"s{unique}"), f"q{unique}", f"r{unique}"
+    any_redis.lpush(f"{q}\x06\x163", "x")   # a priority sub-list of q
+    try:
+        pairs = [(q, keys.fetch_marker(q)), (f"{q}\x06\x163", keys.fetch_marker(q)), (r, keys.fetch_marker(r))]
+        assert signal(any_redis, pairs) == 1
+        assert signal(any_redis, pairs) == 0                           # written already: still one member
+        assert any_redis.zcard(keys.fetch_marker(q)) == 1 and not any_redis.exists(keys.fetch_marker(r))
+    finally:
+        any_redis.delete(f"{q}\x06\x163", keys.fetch_marker(q))
+
+
+def test_an_empty_fetch_clears_its_markers_registers_its_queues_and_waits_on_them_only_when_heard(any_redis, unique):
+    keys, q, r = Keys(f"e{unique}"), f"q{unique}", f"r{unique}"
+    lists = [q, r, f"{q}\x06\x163", f"{r}\x06\x163"]
+    any_redis.zadd(keys.fetch_marker(q), {"m": 0})                     # stale: written for a message taken since
+    try:
+        assert fetch(any_redis, keys, lists, now=1000.0, queues=(q, r)) is None   # no listener hears them
+        assert not any_redis.exists(keys.fetch_marker(q))
+        assert any_redis.zrange(keys.fetch_queues, 0, -1, withscores=True) == [(q.encode(), 1e6), (r.encode(), 1e6)]
+        any_redis.sadd(keys.fetch_listening, q)
+        assert fetch(any_redis, keys, lists, queues=(q, r)) is None       # one of its queues is not heard
+        any_redis.sadd(keys.fetch_listening, r)
+        assert fetch(any_redis, keys, lists, queues=(q, r)) == 0          # both heard: block on the markers
+        assert fetch(any_redis, keys, lists) is None                      # no markers (dlq_fetch_listener off)
+    finally:
+        any_redis.delete(keys.fetch_queues, keys.fetch_listening)
+
+
+def test_a_fetch_that_takes_a_message_leaves_the_markers_alone(any_redis, unique):
+    keys, q = Keys(f"t{unique}"), f"q{unique}"
+    any_redis.lpush(q, json.dumps(celery_message(tag=f"t-{unique}")))
+    any_redis.lpush(q, json.dumps(celery_message(tag=f"u-{unique}")))
+    any_redis.zadd(keys.fetch_marker(q), {"m": 0})
+    try:
+        assert fetch(any_redis, keys, [q], queues=(q,))[2] == b"ok"
+        assert any_redis.zcard(keys.fetch_marker(q)) == 1                 # another message is left
+    finally:
+        any_redis.delete(q, keys.fetch_marker(q), "unacked", "unacked_index", keys.fetched("c1"))
+
+
+@pytest.mark.parametrize("names, expected", [
+    (["celery", "celery.second", "b", "a"], ["a", "b", "celery"]),
+    (["ab", "a", "abc"], ["a"]),
+    (["x"], ["x"]),
+    ([], []),
+])
+def test_tracked_prefixes_never_overlap(names, expected):
+    assert prefixes(names) == expected
+
+
+def test_tracking_is_on_only_in_broadcast_mode_to_our_redirect():
+    info = [b"flags", [b"on", b"bcast", b"noloop"], b"redirect", 7, b"prefixes", [b"q"]]
+    assert tracking_on(info, 7)
+    assert not tracking_on(info, 8)
+    assert not tracking_on([b"flags", [b"off"], b"redirect", -1, b"prefixes", []], 7)
+    assert not tracking_on([b"flags", [b"on", b"bcast", b"broken_redirect"], b"redirect", 7], 7)
