@@ -187,13 +187,8 @@ class Keys:
     @property
     def mover_lease(self) -> str:
         """STRING, expiring: the id of the one worker that moves due entries and runs the fetch listener
-        (home set only; ``heartbeat.lua``)."""
+        (home set only; ``redis/lease.py``)."""
         return self.base + ":mover"
-
-    @property
-    def workers(self) -> str:
-        """ZSET worker id -> its last heartbeat (ms): the live workers (``heartbeat.lua``, home set only)."""
-        return self.base + ":workers"
 
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""

@@ -1,54 +1,62 @@
-"""The mover lease and the workers' heartbeats: which one worker moves due entries and runs the fetch listener.
+"""The mover lease: which one worker moves due entries and runs the fetch listener, taken by heartbeats.
 
-Every worker beats every ``dlq_heartbeat_interval`` seconds with one script
-(``lua/heartbeat.lua``): it records the worker as alive and takes the lease
-when it is free (renews it when it holds it). The lease lives
-``dlq_mover_lease`` minus one interval, so whichever workers die (the holder,
-any others, all but one), a survivor's next beat takes the lease within
-``dlq_mover_lease`` of the holder's last beat. The keys live in the home
+Every worker beats every ``dlq_heartbeat_interval`` seconds
+(:class:`celery_dlq.worker.heartbeat.Heartbeat`). A worker without the
+lease tries to take it (``SET NX PX``: one command); the holder renews it
+(a plain ``PEXPIRE``, and every :data:`VERIFY_EVERY` beats
+``lua/heartbeat.lua``, which renews only its own lease). The lease lives
+``dlq_mover_lease`` minus one interval, so whichever workers die (the
+holder, any others, all but one), a survivor's next beat takes it within
+``dlq_mover_lease`` of the holder's last beat. The key lives in the home
 set (``{<prefix>}``), so the lease covers every shard. Public times are
 seconds; Redis holds milliseconds.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.store import to_ms
 
-#: A worker silent this many leases is dropped from the live workers' set.
-FORGET_AFTER = 6
+#: The holder checks with a script that the lease is still its own every this many beats; the beats
+#: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another
+#: worker took meanwhile, is a second mover for at most this many beats: safe (a claim is a lease of its own).
+VERIFY_EVERY = 3
 
 
 class MoverLease:
-    """The lease of one store (its home key set) for the worker ``ident``, renewed by its heartbeats."""
+    """The lease of one store (its home key set) for the worker ``ident``, taken and renewed by its beats."""
 
-    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.client, self.keys, self.ident, self.clock = client, keys, ident, clock
-        self.lease, self.interval = lease, interval
+    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float) -> None:
+        self.client, self.keys, self.ident, self.lease, self.interval = client, keys, ident, lease, interval
+        self.held = False
+        self._beats = 0
         self._scripts = Scripts(client)
 
     @property
-    def ttl(self) -> float:
-        """How long the lease outlives its holder's last beat (seconds)."""
-        return self.lease - self.interval
-
-    def _run(self, release: bool) -> int:
-        k = self.keys
-        return int(self._scripts.run("heartbeat", [k.mover_lease, k.workers],
-                                     [self.ident, to_ms(self.ttl), to_ms(self.clock()),
-                                      to_ms(FORGET_AFTER * self.lease), "release" if release else ""]))
+    def ttl_ms(self) -> int:
+        """How long the lease outlives its holder's last beat (ms): ``dlq_mover_lease`` minus one interval."""
+        return to_ms(self.lease - self.interval)
 
     def beat(self) -> bool:
-        """Say this worker is alive; True when it holds the lease (taken now or renewed)."""
-        return self._run(release=False) == 1
+        """One beat: take the lease if it is free, or renew it; whether this worker holds it now."""
+        key = self.keys.mover_lease
+        if not self.held:
+            self.held, self._beats = bool(self.client.set(key, self.ident, nx=True, px=self.ttl_ms)), 0
+            return self.held
+        self._beats += 1
+        if self._beats % VERIFY_EVERY:
+            self.held = bool(self.client.pexpire(key, self.ttl_ms))
+        else:
+            self.held = int(self._scripts.run("heartbeat", [key], [self.ident, self.ttl_ms, "renew"])) == 1
+        return self.held
 
     def release(self) -> None:
-        """Give up the lease and leave the live workers (a stopping worker): no waiting for it to expire."""
-        self._run(release=True)
+        """Give the lease up (a stopping worker): another worker takes it at its next beat."""
+        if self.held:
+            self.held = False
+            self._scripts.run("heartbeat", [self.keys.mover_lease], [self.ident, self.ttl_ms, "release"])
 
     def wait_for_due(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds on the home set's wake marker (``park.lua`` writes it); True if woken."""

@@ -34,7 +34,6 @@ SCRIPT_NAMES = (
     "find_letter",
     "trend",
     "heartbeat",
-    "fetch_signal",
     "append_events",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).

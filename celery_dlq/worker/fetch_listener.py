@@ -6,23 +6,28 @@ most one member). This thread hears every write to the watched queues'
 lists through Redis' client tracking in broadcast mode (``CLIENT TRACKING ON
 BCAST PREFIX <queue> ... REDIRECT <id>``: invalidation messages, no server
 configuration, Redis >= 6) and writes the marker of each queue whose lists
-hold a message (``fetch_signal.lua``). Redis serves a marker's one member to
+hold a message (one ``EXISTS`` per list heard, one ``ZADD`` per marker
+written). Redis serves a marker's one member to
 one blocked client, so a message wakes one idle worker however many wait,
 as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
 queue again if another message is left, waking the next.
 
 The queues to hear are those fetches register (``Keys.fetch_queues``,
-written by a fetch that finds its queues empty). The thread publishes the
-queues it hears in ``Keys.fetch_listening`` (a SET living
-:data:`LISTENING_TTL`); a fetch blocks on its markers only when all of its
-queues are there, and otherwise waits without them (the channel's fallback),
-so a listener that dies, or one that has not yet heard a new queue, never
-leaves a message waiting longer than that fallback.
+written by a fetch that finds a queue of its own not heard, which also
+publishes on that key's name, so the thread hears of a new queue at once).
+The thread publishes the queues it hears in ``Keys.fetch_listening`` (a SET
+living :data:`LISTENING_TTL_MS`); a fetch blocks on its markers only when
+all of its queues are there, and otherwise waits without them (the
+channel's fallback). When the lease passes to another worker (its holder
+died), the new listener marks every queue that holds a message as it
+starts, which wakes the workers blocked on the markers.
 
 Every :data:`CHECK` seconds the thread checks that tracking is still on
 (``CLIENT TRACKINGINFO``), reads the registered queues and renews the SET;
 when the queues changed or tracking was lost it tracks again and marks
-every queue that holds a message (what was pushed meanwhile).
+every queue that holds a message (what was pushed meanwhile). Its
+connections never reconnect silently (a reconnected connection would have
+lost its tracking): an error ends them, and the thread starts over.
 """
 from __future__ import annotations
 
@@ -34,19 +39,18 @@ from typing import Any, Callable, Iterable
 import redis
 
 from celery_dlq.redis.keys import Keys, QueueLists
-from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
 #: The pub/sub channel Redis sends key invalidations on (RESP2 redirect).
 INVALIDATE = "__redis__:invalidate"
 #: Seconds between two checks of the tracking, the registered queues and the listening SET.
-CHECK = 2.0
+CHECK = 30.0
 #: How long the listening SET outlives the listener's last check (ms): then fetches stop relying on it.
-LISTENING_TTL_MS = 6_000
+LISTENING_TTL_MS = 90_000
 #: A queue no fetch found empty for this long is no longer heard (ms).
 STALE_MS = 3_600_000
-#: Most lists marked by one script.
+#: Most lists looked at in one round trip.
 BATCH = 256
 #: After tracking was refused (an ACL, a proxy, an old server): try again after this long (seconds).
 REFUSED_WAIT = 60.0
@@ -116,9 +120,8 @@ class FetchListener(threading.Thread):
     def _listen(self, client: Any, pubsub: Any) -> None:
         pubsub.execute_command("CLIENT", "ID")
         redirect = int(pubsub.parse_response(timeout=5))
-        pubsub.subscribe(INVALIDATE)
+        pubsub.subscribe(INVALIDATE, self.keys.fetch_queues)
         tracker = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
-        scripts = Scripts(tracker)
         try:
             queues: frozenset[str] = frozenset()
             tracked = False
@@ -126,19 +129,21 @@ class FetchListener(threading.Thread):
             while not self._stop_event.is_set():
                 now = time.monotonic()
                 if now >= next_check:
-                    queues, tracked = self._check(tracker, scripts, redirect, queues, tracked)
+                    queues, tracked = self._check(tracker, redirect, queues, tracked)
                     next_check = now + CHECK
                 message = pubsub.get_message(timeout=max(0.0, min(0.5, next_check - time.monotonic())))
-                written = self._written(message)
+                written: set[str] = set()
                 while message is not None and len(written) < BATCH:
-                    message = pubsub.get_message(timeout=0.0)
+                    if self._registered(message):   # a fetch registered a new queue: hear it now
+                        next_check = 0.0
                     written |= self._written(message)
+                    message = pubsub.get_message(timeout=0.0)
                 if written:
-                    self._signal(scripts, written)
+                    self._signal(tracker, written)
         finally:
             tracker.close()
 
-    def _check(self, tracker: Any, scripts: Scripts, redirect: int, queues: frozenset[str],
+    def _check(self, tracker: Any, redirect: int, queues: frozenset[str],
                tracked: bool) -> tuple[frozenset[str], bool]:
         now_ms = int(self.clock() * 1000)
         pipe = tracker.pipeline(transaction=False)
@@ -153,7 +158,7 @@ class FetchListener(threading.Thread):
         if not current:
             return current, False
         self._track(tracker, redirect, current)
-        self._signal(scripts, set(self.watched))   # what was pushed before the tracking took
+        self._signal(tracker, set(self.watched))   # what was pushed before the tracking took
         pipe = tracker.pipeline(transaction=True)
         pipe.delete(self.keys.fetch_listening)
         pipe.sadd(self.keys.fetch_listening, *sorted(current))
@@ -172,9 +177,14 @@ class FetchListener(threading.Thread):
             args += ["PREFIX", name]
         tracker.execute_command(*args, "NOLOOP")
 
+    def _registered(self, message: Any) -> bool:
+        channel = message.get("channel") if message else None
+        return message.get("type") == "message" and channel in (self.keys.fetch_queues,
+                                                                self.keys.fetch_queues.encode())
+
     def _written(self, message: Any) -> set[str]:
         """The watched lists an invalidation message names (all of them for a flush, which names none)."""
-        if not message or message.get("type") != "message":
+        if not message or message.get("type") != "message" or self._registered(message):
             return set()
         data = message.get("data")
         if data is None:
@@ -187,11 +197,22 @@ class FetchListener(threading.Thread):
                 written.add(key)
         return written
 
-    def _signal(self, scripts: Scripts, lists: set[str]) -> None:
+    def _signal(self, tracker: Any, lists: set[str]) -> None:
+        """Write the marker of each queue one of ``lists`` holds a message of (not one script: EXISTS, then
+        ZADD where it holds one; a pop in between costs one idle worker a fetch that finds nothing)."""
         ordered = sorted(lists)
         for start in range(0, len(ordered), BATCH):
             part = ordered[start:start + BATCH]
-            self.signalled += int(scripts.run("fetch_signal", part + [self.watched[key] for key in part], []))
+            pipe = tracker.pipeline(transaction=False)
+            for key in part:
+                pipe.exists(key)
+            markers = {self.watched[key] for key, held in zip(part, pipe.execute()) if held}
+            if markers:
+                pipe = tracker.pipeline(transaction=False)
+                for marker in sorted(markers):
+                    pipe.zadd(marker, {"m": 0})
+                pipe.execute()
+                self.signalled += len(markers)
 
     # -- the end ------------------------------------------------------------------
 

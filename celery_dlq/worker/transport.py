@@ -77,7 +77,12 @@ logger = logging.getLogger(__name__)
 
 #: The longest idle wait on the wake markers (seconds): only a safety net, the listener ends it. Kept below
 #: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
-MARKER_WAIT = 10.0
+MARKER_WAIT = 20.0
+#: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
+#: empties its lists then waits on the markers without asking again.
+HEARD_FOR = 10.0
+#: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
+REGISTER_EVERY = 300.0
 #: How long a channel's own wake token outlives its write (ms): written when the channel closes.
 TOKEN_TTL_MS = 60_000
 #: What a channel does next: fetch, block on its markers, or wait on one list (no listener hears it).
@@ -115,10 +120,14 @@ class QoS(kombu_redis.QoS):
         super().ack(delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        with self.pipe_or_acquire(pipe) as pipe:
-            return pipe.zrem(self.unacked_index_key, delivery_tag) \
-                       .hdel(self.unacked_key, delivery_tag) \
-                       .srem(self.channel._dlq_fetched_key, delivery_tag)
+        """One round trip without MULTI/EXEC (three commands, not kombu's four): the record goes first,
+        so a connection lost in between leaves at most an index entry that kombu's restore skips."""
+        if pipe is None:
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+        return pipe.hdel(self.unacked_key, delivery_tag) \
+                   .zrem(self.unacked_index_key, delivery_tag) \
+                   .srem(self.channel._dlq_fetched_key, delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> Any:
         try:
@@ -154,6 +163,8 @@ class Channel(kombu_redis.Channel):
         self._dlq_watch = 0
         self._dlq_recovered = False
         self._dlq_listener = bool(options.get(OPTION_LISTENER, True))
+        self._dlq_heard_at = -HEARD_FOR      # monotonic: when a fetch last found every queue heard
+        self._dlq_registered_at = 0.0        # monotonic: when this channel last registered its queues
         self._dlq_logged_wait: str | None = None
         super().__init__(*args, **kwargs)
         self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
@@ -186,11 +197,15 @@ class Channel(kombu_redis.Channel):
             connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
             return
         self._dlq_sent = ("EVALSHA", keys)
-        now = time.time()
+        now, clock = time.time(), time.monotonic()
         moves = self._dlq_moves if self._dlq_took else None
         marked = queues if self._dlq_listener else []
+        register = "1" if marked and clock - self._dlq_registered_at >= REGISTER_EVERY else ""
+        if register:
+            self._dlq_registered_at = clock
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), now,
-                                len(marked), int(now * 1000), *marked, *(moves.args(now) if moves else ()))
+                                len(marked), int(now * 1000), register, *marked,
+                                *(moves.args(now) if moves else ()))
 
     def _dlq_marker_wait(self) -> float:
         """The idle wait on the markers, below kombu's health check of a blocked fetch where it has one."""
@@ -248,10 +263,17 @@ class Channel(kombu_redis.Channel):
                 self._dlq_next = FETCH
                 raise kombu_redis.Empty()
             if not reply:   # every list empty: 0 when a listener hears all of them
-                self._dlq_next = MARKERS if reply == 0 and not isinstance(reply, bool) else FALLBACK
+                heard = reply == 0
+                if heard:
+                    self._dlq_heard_at = time.monotonic()
+                self._dlq_next = MARKERS if heard else FALLBACK
                 self._dlq_log_wait(self._dlq_next)
                 raise kombu_redis.Empty()
-            self._dlq_next = FETCH
+            # Lists emptied by this pop: wait on the markers at once (a push writes them), where the listener
+            # was heard lately; else fetch again, which asks.
+            more = int(reply[4]) if len(reply) > 4 else 1
+            heard = time.monotonic() - self._dlq_heard_at < HEARD_FOR
+            self._dlq_next = FETCH if more or not heard else MARKERS
             return self._dlq_take(reply, keys)
         finally:
             set_in_poll(self, None)
@@ -265,8 +287,8 @@ class Channel(kombu_redis.Channel):
 
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
         index, element, status, tag = reply[:4]
-        if len(reply) > 4:   # due entries this fetch moved onto its lists (fetch_moves.py)
-            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 4)
+        if len(reply) > 5:   # due entries this fetch moved onto its lists (fetch_moves.py)
+            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 5)
         if bytes_to_str(status) == "none":
             raise kombu_redis.Empty()
         queue = self._queue_of_key(keys[int(index) - 1])

@@ -6,27 +6,35 @@ import json
 
 import pytest
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.worker.fetch_listener import prefixes, tracking_on
+from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.worker.fetch_listener import FetchListener, prefixes, tracking_on
 from tests.unit.test_fetch import celery_message, fetch
-
-
-def signal(client, pairs):
-    lists = [name for name, _ in pairs]
-    return Scripts(client).run("fetch_signal", lists + [marker for _, marker in pairs], [])
 
 
 def test_a_signal_marks_only_queues_holding_a_message_and_a_marker_holds_one_member(any_redis, unique):
     keys, q, r = Keys(f"s{unique}"), f"q{unique}", f"r{unique}"
+    listener = FetchListener(lambda: any_redis, keys, QueueLists())
+    listener.watched = {q: keys.fetch_marker(q), f"{q}\x06\x163": keys.fetch_marker(q), r: keys.fetch_marker(r)}
     any_redis.lpush(f"{q}\x06\x163", "x")   # a priority sub-list of q
     try:
-        pairs = [(q, keys.fetch_marker(q)), (f"{q}\x06\x163", keys.fetch_marker(q)), (r, keys.fetch_marker(r))]
-        assert signal(any_redis, pairs) == 1
-        assert signal(any_redis, pairs) == 0                           # written already: still one member
-        assert any_redis.zcard(keys.fetch_marker(q)) == 1 and not any_redis.exists(keys.fetch_marker(r))
+        listener._signal(any_redis, set(listener.watched))
+        listener._signal(any_redis, {q, f"{q}\x06\x163"})
+        assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"]   # written twice: still one member
+        assert not any_redis.exists(keys.fetch_marker(r)) and listener.signalled == 2
     finally:
         any_redis.delete(f"{q}\x06\x163", keys.fetch_marker(q))
+
+
+def test_only_invalidations_of_watched_lists_count_and_a_flush_counts_them_all():
+    keys = Keys("w")
+    listener = FetchListener(lambda: None, keys, QueueLists())
+    listener.watched = {"q": keys.fetch_marker("q"), "q\x06\x163": keys.fetch_marker("q")}
+    message = {"type": "message", "channel": b"__redis__:invalidate", "data": [b"q", b"celery-task-meta-1"]}
+    assert listener._written(message) == {"q"}
+    assert listener._written({**message, "data": None}) == {"q", "q\x06\x163"}
+    assert listener._written({"type": "subscribe", "channel": b"__redis__:invalidate", "data": 1}) == set()
+    registered = {"type": "message", "channel": keys.fetch_queues.encode(), "data": b"new"}
+    assert listener._registered(registered) and listener._written(registered) == set()
 
 
 def test_an_empty_fetch_clears_its_markers_registers_its_queues_and_waits_on_them_only_when_heard(any_redis, unique):
@@ -34,14 +42,23 @@ def test_an_empty_fetch_clears_its_markers_registers_its_queues_and_waits_on_the
     lists = [q, r, f"{q}\x06\x163", f"{r}\x06\x163"]
     any_redis.zadd(keys.fetch_marker(q), {"m": 0})                     # stale: written for a message taken since
     try:
+        pubsub = any_redis.pubsub()
+        pubsub.subscribe(keys.fetch_queues)
+        assert pubsub.get_message(timeout=1)["type"] == "subscribe"
         assert fetch(any_redis, keys, lists, now=1000.0, queues=(q, r)) is None   # no listener hears them
         assert not any_redis.exists(keys.fetch_marker(q))
         assert any_redis.zrange(keys.fetch_queues, 0, -1, withscores=True) == [(q.encode(), 1e6), (r.encode(), 1e6)]
+        assert pubsub.get_message(timeout=1)["data"] == b"new"           # the listener hears of them at once
         any_redis.sadd(keys.fetch_listening, q)
-        assert fetch(any_redis, keys, lists, queues=(q, r)) is None       # one of its queues is not heard
+        assert fetch(any_redis, keys, lists, now=2000.0, queues=(q, r)) is None   # one of its queues is not heard
+        assert pubsub.get_message(timeout=0.2) is None                    # known already: no news
         any_redis.sadd(keys.fetch_listening, r)
-        assert fetch(any_redis, keys, lists, queues=(q, r)) == 0          # both heard: block on the markers
+        assert fetch(any_redis, keys, lists, now=3000.0, queues=(q, r)) == 0      # both heard: block on the markers
+        assert any_redis.zscore(keys.fetch_queues, q) == 2e6               # registered again only when asked:
+        assert fetch(any_redis, keys, lists, now=4000.0, queues=(q, r), register=True) == 0
+        assert any_redis.zscore(keys.fetch_queues, q) == 4e6
         assert fetch(any_redis, keys, lists) is None                      # no markers (dlq_fetch_listener off)
+        pubsub.close()
     finally:
         any_redis.delete(keys.fetch_queues, keys.fetch_listening)
 

@@ -1,32 +1,20 @@
--- heartbeat.lua: a worker says it is alive, and takes or keeps the mover lease.
+-- heartbeat.lua: the holder of the mover lease checks that it still holds it, and renews or gives it up.
 --
--- KEYS[1] = lease    (STRING) the id of the one worker that moves due entries and runs the fetch
---                    listener; expires after ARGV[2] ms unless renewed
--- KEYS[2] = workers  (ZSET) worker id -> its last heartbeat (ms)
+-- KEYS[1] = lease  (STRING) the id of the one worker that moves due entries and runs the fetch listener
 --
 -- ARGV[1] = this worker's id
--- ARGV[2] = the lease's time to live (ms): dlq_mover_lease minus one heartbeat interval, so that a
---           survivor's next heartbeat takes a dead holder's lease within dlq_mover_lease of its death
--- ARGV[3] = now (ms)
--- ARGV[4] = how long a silent worker stays in `workers` (ms)
--- ARGV[5] = "release" to give the lease up and leave `workers` (a worker stopping), "" otherwise
+-- ARGV[2] = the lease's time to live (ms)
+-- ARGV[3] = "renew" or "release"
 --
--- Every worker beats every interval, so whoever of them is alive takes a free lease at its next beat:
--- no standby whose death would delay the takeover. Returns 1 when this worker holds the lease (taken now
--- or renewed), 0 when another does, 3 after a release.
-local id = ARGV[1]
-local holder = redis.call('GET', KEYS[1])
-if ARGV[5] == 'release' then
-  if holder == id then
-    redis.call('DEL', KEYS[1])
-  end
-  redis.call('ZREM', KEYS[2], id)
-  return 3
+-- A worker takes a free lease with SET NX PX (no script); this script is the holder's check, run every
+-- few beats (the beats between renew with a plain PEXPIRE). Returns 1 when this worker held the lease
+-- (renewed, or released), 0 when another worker holds it or nobody does.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
-redis.call('ZADD', KEYS[2], ARGV[3], id)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
-if holder == id or not holder then
-  redis.call('SET', KEYS[1], id, 'PX', ARGV[2])
-  return 1
+if ARGV[3] == 'release' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return 0
+return 1
