@@ -79,8 +79,9 @@ logger = logging.getLogger(__name__)
 #: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
 MARKER_WAIT = 20.0
 #: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
-#: empties its lists then waits on the markers without asking again.
-HEARD_FOR = 10.0
+#: empties its lists then waits on the markers without asking again. Longer than MARKER_WAIT, so an idle
+#: channel's safety-net fetch keeps it fresh.
+HEARD_FOR = 30.0
 #: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
 REGISTER_EVERY = 300.0
 #: How long a channel's own wake token outlives its write (ms): written when the channel closes.
