@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_key_prefix": "celery_dlq",
     "dlq_mover_interval": 0.2,      # the moving worker's longest wait where it cannot block (several shards)
     "dlq_mover_lease": 10.0,        # one worker moves; another takes over at most this long after it dies
-    "dlq_heartbeat_interval": None,  # every worker beats (takes a free mover lease) this often: min(2, lease/4)
+    "dlq_heartbeat_interval": None,  # every worker beats (takes a free mover lease) this often: lease/4, <= 2.5
     "dlq_mover_batch_size": 100,    # entries claimed per Redis round trip
     "dlq_claim_lease": 30.0,        # a claimed entry becomes due again if not published by then
     "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
@@ -136,7 +136,7 @@ class DLQSettings:
         _choice("dlq_fetch_notifications", get("dlq_fetch_notifications"), FETCH_NOTIFICATIONS)
         mover_lease = _positive("dlq_mover_lease", get("dlq_mover_lease"))
         heartbeat = get("dlq_heartbeat_interval")
-        heartbeat = min(2.0, mover_lease / 4) if heartbeat is None else _positive("dlq_heartbeat_interval", heartbeat)
+        heartbeat = min(2.5, mover_lease / 4) if heartbeat is None else _positive("dlq_heartbeat_interval", heartbeat)
         if heartbeat * 3 > mover_lease:
             raise ConfigurationError(f"dlq_heartbeat_interval ({heartbeat:g}) must be at most a third of "
                                      f"dlq_mover_lease ({mover_lease:g}): the holder renews the lease at each beat")

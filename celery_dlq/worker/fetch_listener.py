@@ -6,11 +6,18 @@ most one member). This thread hears every write to the watched queues'
 lists through Redis' client tracking in broadcast mode (``CLIENT TRACKING ON
 BCAST PREFIX <queue> ... REDIRECT <id>``: invalidation messages, no server
 configuration, Redis >= 6) and writes the marker of each queue whose lists
-hold a message (one ``EXISTS`` per list heard, one ``ZADD`` per marker
-written). Redis serves a marker's one member to
+hold a message. Redis serves a marker's one member to
 one blocked client, so a message wakes one idle worker however many wait,
 as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
 queue again if another message is left, waking the next.
+
+What a message costs the listener (:class:`Coalescer`): the first write
+heard to a list after :data:`WINDOW` of quiet is a push, and its queue is
+marked at once (one ``ZADD``); later writes within the window (the pop
+that push's worker makes, more pushes under load) are looked at once when
+it ends (one ``EXISTS``, and a ``ZADD`` where the list holds a message).
+So a trickle costs two commands a message, and a busy list at most two per
+window however many messages pass.
 
 The queues to hear are those fetches register (``Keys.fetch_queues``,
 written by a fetch that finds a queue of its own not heard, which also
@@ -52,6 +59,8 @@ LISTENING_TTL_MS = 90_000
 STALE_MS = 3_600_000
 #: Most lists looked at in one round trip.
 BATCH = 256
+#: Writes heard to a list within this long of its last marking are looked at together when it ends (seconds).
+WINDOW = 0.05
 #: After tracking was refused (an ACL, a proxy, an old server): try again after this long (seconds).
 REFUSED_WAIT = 60.0
 
@@ -73,6 +82,39 @@ def tracking_on(info: Any, redirect: int) -> bool:
              for flag in fields.get(b"flags", fields.get("flags", []))}
     target = fields.get(b"redirect", fields.get("redirect"))
     return b"on" in flags and b"bcast" in flags and b"broken_redirect" not in flags and target == redirect
+
+
+class Coalescer:
+    """Which lists heard written to are marked at once, which looked at when their window ends."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._last: dict[str, float] = {}    # list -> when its queue was last marked or looked at
+        self._later: dict[str, float] = {}   # list -> when to look at it
+
+    def heard(self, lists: Iterable[str], now: float) -> set[str]:
+        """The lists to mark now (quiet for a window before): the others wait for :meth:`due`."""
+        at_once = set()
+        for key in lists:
+            last = self._last.get(key)
+            if last is None or now - last >= self.window:
+                at_once.add(key)
+                self._last[key] = now
+            else:
+                self._later.setdefault(key, last + self.window)
+        return at_once
+
+    def due(self, now: float) -> set[str]:
+        """The lists whose window has ended since writes were heard to them: to look at now."""
+        due = {key for key, at in self._later.items() if at <= now}
+        for key in due:
+            del self._later[key]
+            self._last[key] = now
+        return due
+
+    def next_at(self, default: float) -> float:
+        """When the next window ends (``default`` when none is pending)."""
+        return min(self._later.values(), default=default)
 
 
 class FetchListener(threading.Thread):
@@ -126,20 +168,23 @@ class FetchListener(threading.Thread):
             queues: frozenset[str] = frozenset()
             tracked = False
             next_check = 0.0
+            coalescer = Coalescer(WINDOW)
             while not self._stop_event.is_set():
                 now = time.monotonic()
                 if now >= next_check:
                     queues, tracked = self._check(tracker, redirect, queues, tracked)
                     next_check = now + CHECK
-                message = pubsub.get_message(timeout=max(0.0, min(0.5, next_check - time.monotonic())))
+                wait = min(0.5, next_check - now, coalescer.next_at(now + 0.5) - now)
+                message = pubsub.get_message(timeout=max(0.0, wait))
                 written: set[str] = set()
                 while message is not None and len(written) < BATCH:
                     if self._registered(message):   # a fetch registered a new queue: hear it now
                         next_check = 0.0
                     written |= self._written(message)
                     message = pubsub.get_message(timeout=0.0)
-                if written:
-                    self._signal(tracker, written)
+                now = time.monotonic()
+                self._mark(tracker, coalescer.heard(written, now))
+                self._signal(tracker, coalescer.due(now))
         finally:
             tracker.close()
 
@@ -197,9 +242,21 @@ class FetchListener(threading.Thread):
                 written.add(key)
         return written
 
+    def _mark(self, tracker: Any, lists: set[str]) -> None:
+        """Write the marker of the queue of each of ``lists`` (a push was heard to each)."""
+        markers = sorted({self.watched[key] for key in lists})
+        if markers:
+            pipe = tracker.pipeline(transaction=False)
+            for marker in markers:
+                pipe.zadd(marker, {"m": 0})
+            pipe.execute()
+            self.signalled += len(markers)
+
     def _signal(self, tracker: Any, lists: set[str]) -> None:
         """Write the marker of each queue one of ``lists`` holds a message of (not one script: EXISTS, then
         ZADD where it holds one; a pop in between costs one idle worker a fetch that finds nothing)."""
+        if not lists:
+            return
         ordered = sorted(lists)
         for start in range(0, len(ordered), BATCH):
             part = ordered[start:start + BATCH]

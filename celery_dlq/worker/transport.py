@@ -79,9 +79,10 @@ logger = logging.getLogger(__name__)
 #: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
 MARKER_WAIT = 20.0
 #: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
-#: empties its lists then waits on the markers without asking again. Longer than MARKER_WAIT, so an idle
-#: channel's safety-net fetch keeps it fresh.
-HEARD_FOR = 30.0
+#: empties its lists then waits on the markers without asking again, and a wait that timed out waits again
+#: without a fetch while less than HEARD_FOR - MARKER_WAIT has passed (an idle channel fetches every second
+#: timeout, which keeps it believed).
+HEARD_FOR = 45.0
 #: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
 REGISTER_EVERY = 300.0
 #: How long a channel's own wake token outlives its write (ms): written when the channel closes.
@@ -208,6 +209,10 @@ class Channel(kombu_redis.Channel):
                                 len(marked), int(now * 1000), register, *marked,
                                 *(moves.args(now) if moves else ()))
 
+    def _dlq_heard_for(self, seconds: float) -> bool:
+        """Whether a fetch found a listener hearing all of this channel's queues in the last ``seconds``."""
+        return time.monotonic() - self._dlq_heard_at < seconds
+
     def _dlq_marker_wait(self) -> float:
         """The idle wait on the markers, below kombu's health check of a blocked fetch where it has one."""
         check = getattr(self, "health_check_interval", None)
@@ -261,7 +266,8 @@ class Channel(kombu_redis.Channel):
             # the next fetch moves due retries only after one that took something: never on an idle worker's
             self._dlq_took = command == "EVALSHA" and bool(reply)
             if command != "EVALSHA":   # woken, or the wait timed out (a safety net): fetch next
-                self._dlq_next = FETCH
+                quiet = command == "BZPOPMIN" and reply is None
+                self._dlq_next = MARKERS if quiet and self._dlq_heard_for(HEARD_FOR - MARKER_WAIT) else FETCH
                 raise kombu_redis.Empty()
             if not reply:   # every list empty: 0 when a listener hears all of them
                 heard = reply == 0
@@ -273,8 +279,7 @@ class Channel(kombu_redis.Channel):
             # Lists emptied by this pop: wait on the markers at once (a push writes them), where the listener
             # was heard lately; else fetch again, which asks.
             more = int(reply[4]) if len(reply) > 4 else 1
-            heard = time.monotonic() - self._dlq_heard_at < HEARD_FOR
-            self._dlq_next = FETCH if more or not heard else MARKERS
+            self._dlq_next = FETCH if more or not self._dlq_heard_for(HEARD_FOR) else MARKERS
             return self._dlq_take(reply, keys)
         finally:
             set_in_poll(self, None)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from celery_dlq.redis.keys import Keys, QueueLists
-from celery_dlq.worker.fetch_listener import FetchListener, prefixes, tracking_on
+from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, prefixes, tracking_on
 from tests.unit.test_fetch import celery_message, fetch
 
 
@@ -91,3 +91,16 @@ def test_tracking_is_on_only_in_broadcast_mode_to_our_redirect():
     assert not tracking_on(info, 8)
     assert not tracking_on([b"flags", [b"off"], b"redirect", -1, b"prefixes", []], 7)
     assert not tracking_on([b"flags", [b"on", b"bcast", b"broken_redirect"], b"redirect", 7], 7)
+
+
+def test_a_write_after_quiet_is_marked_at_once_and_later_ones_looked_at_when_the_window_ends():
+    c = Coalescer(0.01)
+    assert c.heard({"q"}, 1.000) == {"q"}                   # a push after quiet: marked at once
+    assert c.heard({"q"}, 1.002) == set()                   # its worker's pop, within the window
+    assert c.heard({"q", "r"}, 1.004) == {"r"}              # another push to q waits too; r was quiet
+    assert c.next_at(9.0) == pytest.approx(1.010)
+    assert c.due(1.009) == set() and c.due(1.010) == {"q"}  # q looked at once (EXISTS), for both writes
+    assert c.next_at(9.0) == 9.0
+    assert c.heard({"q"}, 1.015) == set()                   # the look counts as a marking
+    assert c.due(1.020) == {"q"}
+    assert c.heard({"q"}, 1.031) == {"q"}                   # quiet for a window again

@@ -118,7 +118,10 @@ def test_script_header_documents_every_key_and_argument(name):
 def test_scripts_only_touch_keys_passed_in_keys(name):
     body = script_body(name)
     for command, key in re.findall(r"redis\.p?call\('(\w+)',\s*([^,)]+)", body):
-        assert re.fullmatch(r"KEYS\[[\w +*]+\]|unpack\(KEYS", key), f"{name}: {command} on {key}"
+        assert re.fullmatch(r"KEYS\[[\w +*]+\]|unpack\(KEYS|unpack\(key_args", key), f"{name}: {command} on {key}"
+    # a command whose keys do not come first (LMPOP) takes them from a table filled from KEYS only
+    for target, value in re.findall(r"key_args\[([^\]]+)\] = ([^\n]+)", body):
+        assert re.fullmatch(r"KEYS\[[\w +*]+\]|'[A-Z]+'", value.strip()), f"{name}: key_args[{target}] = {value}"
 
 
 def test_scripts_are_registered_once_per_client():

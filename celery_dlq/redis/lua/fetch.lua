@@ -4,7 +4,7 @@
 -- them. Here nothing is popped without being recorded, and a list element
 -- that is not a kombu message is moved to its queue's quarantine, never lost.
 --
--- KEYS[1] = the first queue list (LIST), where most messages are: popped before the others are looked at
+-- KEYS[1] = the first queue list (LIST), where most messages are: before Redis 7, popped first
 -- KEYS[1..n]          queue lists      (LIST) in priority order, as kombu's BRPOP takes them
 -- KEYS[n+1..2n]       quarantines      (LIST) raw elements of list i that are not kombu messages
 -- KEYS[2n+1]          unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
@@ -104,17 +104,32 @@ local function take(i, element)
   redis.call('LPUSH', KEYS[n + i], element)
   return reply(i, element, 'quarantined', '')
 end
--- The first list first (where most messages are): one command when it holds one; else one EXISTS for the
--- rest, so an empty fetch is two commands whatever the number of lists.
-local first = redis.call('RPOP', KEYS[1])
-if first then
-  return take(1, first)
-end
-if n > 1 and redis.call('EXISTS', unpack(KEYS, 2, n)) > 0 then
-  for i = 2, n do
-    local element = redis.call('RPOP', KEYS[i])
-    if element then
-      return take(i, element)
+-- One LMPOP takes from the first list that holds a message (Redis >= 7): one command wherever the message
+-- is, and for an empty fetch. Before 7: the first list first (where most messages are), then one EXISTS
+-- for the rest, and RPOP down the lists.
+if redis.REDIS_VERSION_NUM and redis.REDIS_VERSION_NUM >= 0x070000 then
+  local key_args = {n}   -- LMPOP numkeys key ... RIGHT: the keys are KEYS[1..n]
+  local index = {}
+  for i = 1, n do
+    key_args[i + 1] = KEYS[i]
+    index[KEYS[i]] = i
+  end
+  key_args[n + 2] = 'RIGHT'
+  local popped = redis.call('LMPOP', unpack(key_args))
+  if popped then
+    return take(index[popped[1]], popped[2][1])
+  end
+else
+  local first = redis.call('RPOP', KEYS[1])
+  if first then
+    return take(1, first)
+  end
+  if n > 1 and redis.call('EXISTS', unpack(KEYS, 2, n)) > 0 then
+    for i = 2, n do
+      local element = redis.call('RPOP', KEYS[i])
+      if element then
+        return take(i, element)
+      end
     end
   end
 end
