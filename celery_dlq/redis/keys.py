@@ -183,6 +183,21 @@ class Keys:
         """ZSET mover id -> when it stops counting (ms): the other movers, whose count scales their tries."""
         return self.base + ":movers"
 
+    def web_session(self, digest: str) -> str:
+        """HASH, expiring: one dashboard login (``user``, ``created``, ``expires``, ``address``); ``digest`` is the
+        SHA-256 of the session cookie, so what Redis holds cannot be replayed as a cookie (``web/sessions.py``)."""
+        return f"{self.base}:web:session:{digest}"
+
+    @property
+    def web_sessions(self) -> str:
+        """ZSET session digest -> expiry (s): every dashboard login, to list and revoke them by user."""
+        return self.base + ":web:sessions"
+
+    def web_login_failures(self, scope: str, who: str) -> str:
+        """STRING counter, expiring at the end of its window: failed dashboard logins of one client address
+        (``scope`` ``addr``) or one user name (``user``), shared by every dashboard process (``web/throttle.py``)."""
+        return f"{self.base}:web:failures:{scope}:{who}"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
