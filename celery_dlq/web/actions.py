@@ -170,7 +170,7 @@ async def login(request: Request) -> Response:
     await run_in_threadpool(state.throttle.succeeded, user)
     session = await run_in_threadpool(state.sessions.create, user, address)
     response = RedirectResponse(href(request, target), 303)
-    response.set_cookie(SESSION_COOKIE, session, max_age=state.sessions.ttl, path=cookie_path(request),
+    response.set_cookie(SESSION_COOKIE, session, path=cookie_path(request),
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 

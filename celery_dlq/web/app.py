@@ -57,7 +57,7 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
     role is ``token_role``. Without users or a token, ``no_auth=True`` must
     be given, and then only loopback clients are served. ``read_only``: everyone
     is a viewer. ``allowed_hosts``: the ``Host`` names served (``name`` any
-    port, ``name:port``; default: localhost, 127.0.0.1, [::1]).
+    port, ``name:port``, ``*`` any; default: localhost, 127.0.0.1, [::1]).
     ``trusted_proxies``: addresses or networks whose ``X-Forwarded-For`` and
     ``X-Forwarded-Proto`` are believed. ``refresh``: seconds between the
     overview's reloads (0: never). ``secret`` signs CSRF tokens; give the
@@ -69,6 +69,9 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
     access = Access(_users(basic_auth, users_file), token, no_auth, token_role=token_role, read_only=read_only,
                     **({"secret": secret} if secret else {}))
     origin = Origin(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts, trusted_proxies)
+    if origin.any_host and no_auth:
+        raise ValueError("allowed_hosts '*' cannot go with no_auth: any web page could reach the dashboard "
+                         "through DNS rebinding")
     op = operator if operator is not None else Operator(celery_app)
     sessions = Sessions(op.client, op.keys, session_ttl)
     throttle = LoginThrottle(op.client, op.keys, login_limit, login_window)

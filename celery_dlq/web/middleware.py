@@ -58,9 +58,15 @@ class AuthMiddleware(BaseHTTPMiddleware):
     def user(self, request: Request) -> str | None:
         if self.access.no_auth:
             if getattr(request.state, "untrusted_forwarding", False):
+                logger.warning("celery-dlq web: refused %s %s to %s: forwarded headers from a proxy not named with "
+                               "--trusted-proxy", request.method, request.url.path, client_address(request))
                 raise Refused(PlainTextResponse("forwarded headers from a proxy not named with --trusted-proxy: "
                                                 "refused, since every client behind it would look local", 403))
-            return LOCAL_USER if is_loopback(client_address(request)) else None
+            if is_loopback(client_address(request)):
+                return LOCAL_USER
+            logger.warning("celery-dlq web: refused %s %s to %s: --no-auth serves loopback clients only",
+                           request.method, request.url.path, client_address(request))
+            return None
         if request.headers.get("authorization"):
             return self.from_header(request)
         user = self.sessions.user(request.cookies.get(SESSION_COOKIE))

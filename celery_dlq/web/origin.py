@@ -6,7 +6,9 @@
   refused (400) before anything else, login or not: a DNS-rebinding page
   (``evil.example`` re-pointed at 127.0.0.1) sends ``Host: evil.example``
   and never reaches a page, so it can read neither data nor a CSRF token.
-  An allowed host ``name`` matches any port, ``name:port`` that port only.
+  An allowed host ``name`` matches any port, ``name:port`` that port only;
+  ``*`` turns the check off, for a dashboard mounted in a site that checks
+  ``Host`` itself (Django's ``ALLOWED_HOSTS``), never with ``no_auth``.
 - **Trusted proxies.** Only when the direct peer is one of the proxies
   named (addresses or networks) are ``X-Forwarded-For`` and
   ``X-Forwarded-Proto`` believed: the client becomes the right-most address
@@ -19,7 +21,10 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 from typing import Any, Iterable
+
+logger = logging.getLogger(__name__)
 
 #: What ``create_app`` allows when not told: the loopback names, any port.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -67,7 +72,13 @@ class Origin:
         self.hosts = {split_host(h) for h in allowed_hosts}
         self.proxies = parse_proxies(trusted_proxies)
 
+    @property
+    def any_host(self) -> bool:
+        return ("*", "") in self.hosts
+
     def host_allowed(self, host: str | None) -> bool:
+        if self.any_host:
+            return True
         if not host:
             return False
         name, port = split_host(host)
@@ -115,6 +126,8 @@ class OriginMiddleware:
         headers = scope.get("headers") or []
         hosts = _header(headers, b"host")
         if len(hosts) != 1 or not self.origin.host_allowed(hosts[0]):
+            logger.warning("celery-dlq web: refused %s %s: Host %r is not an allowed host", scope.get("method"),
+                           scope.get("path"), ", ".join(hosts)[:200])
             await _refuse(send_with_headers)
             return
         await self.app(self._resolved(scope, headers), receive, send_with_headers)

@@ -60,6 +60,7 @@ def test_a_foreign_host_header_is_refused_before_anything_else(app, op, no_auth)
         r = client(web, base_url=f"http://{host}", **kw).get("/")    # a DNS-rebinding page's request
         assert r.status_code == 400 and "host name" in r.text, host
         assert r.headers["x-frame-options"] == "DENY" and "csrf_token" not in r.text
+        assert "Set-Cookie" not in r.headers
     for host in ("localhost", "localhost:5580", "127.0.0.1:80", "[::1]:5580", "LOCALHOST"):
         assert client(web, base_url=f"http://{host}", **kw).get("/").status_code == 200, host
     assert client(web, headers={"host": ""}, **kw).get("/").status_code == 400
@@ -75,6 +76,12 @@ def test_allowed_hosts_with_a_port_match_that_port_only_and_the_cli_default_is_t
     assert bind_hosts("::1", 80) == ["[::1]:80", "localhost:80", "127.0.0.1:80"]
     assert bind_hosts("0.0.0.0", 80) == ["localhost:80", "127.0.0.1:80", "[::1]:80"]   # the name: --allowed-host
     assert bind_hosts("10.1.2.3", 80)[0] == "10.1.2.3:80"
+    assert Origin(["*"]).host_allowed("anything.example")     # mounted in a site that checks Host itself
+
+
+def test_any_host_cannot_go_with_no_auth(app, op):
+    with pytest.raises(ValueError, match="DNS rebinding"):
+        create_app(app, no_auth=True, allowed_hosts=["*"], operator=op)
 
 
 # -- trusted proxies ----------------------------------------------------------------------
