@@ -79,7 +79,7 @@ def web(ctx: click.Context, port: int, bind: str, basic_auth: tuple[str, ...], a
 def web_passwd(user: str, role: str) -> None:
     """Print a --users-file line for USER, the password (asked twice, never echoed) hashed with PBKDF2-SHA256."""
     *_, users = _web()
-    password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+    password = click.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
     line = f"{user}:{role}:{users.hash_password(password)}"
     users.parse_user(line)   # the same rules as the file: a reserved or empty name is refused here
     click.echo(line)

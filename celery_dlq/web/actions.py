@@ -153,21 +153,21 @@ async def act_on_parked(request: Request, verb: str, entry_id: str) -> int:
 
 
 async def login(request: Request) -> Response:
-    """Check the password (unless the address or user has used up its failures), then start a session in Redis."""
+    """Take a try (none left: refused unchecked), check the password, then start a session in Redis."""
     form = await posted(request)
     user, address = str(form.get("user") or "").strip(), client_address(request)
     target = next_path(str(form.get("next") or ""))
     state = request.app.state
-    if await run_in_threadpool(state.throttle.blocked, address, user):
+    if not await run_in_threadpool(state.throttle.take, address, user):
         logger.warning("celery-dlq web: refused login of user %r from %s: too many failed logins", user, address)
         return render(request, "login.html", 429, next=target, token_user=TOKEN_USER,
                       error="too many failed logins: try again later")
     if not state.access.check_password(user, str(form.get("password") or "")):
-        await run_in_threadpool(state.throttle.failed, address, user)
         logger.warning("celery-dlq web: failed login for user %r from %s", user, address)
         return render(request, "login.html", 401, next=target, error="wrong user or password",
                       token_user=TOKEN_USER)
-    await run_in_threadpool(state.throttle.succeeded, user)
+    await run_in_threadpool(state.throttle.succeeded, address, user)
+    await run_in_threadpool(state.sessions.end, request.cookies.get(SESSION_COOKIE))   # no session outlives a login
     session = await run_in_threadpool(state.sessions.create, user, address)
     response = RedirectResponse(href(request, target), 303)
     response.set_cookie(SESSION_COOKIE, session, path=cookie_path(request),

@@ -79,14 +79,14 @@ class AuthMiddleware(BaseHTTPMiddleware):
             return None
         user, password = given
         address = client_address(request)
-        if self.throttle.blocked(address, user):
+        if not self.throttle.take(address, user):
             logger.warning("celery-dlq web: refused %s, user %r from %s: too many failed logins", request.url.path,
                            user, address)
             raise Refused(PlainTextResponse("too many failed logins: try again later", 429,
                                             {"Retry-After": str(self.throttle.window)}))
         if self.access.check_password(user, password):
+            self.throttle.succeeded(address, user)
             return user
-        self.throttle.failed(address, user)
         logger.warning("celery-dlq web: wrong Authorization for user %r from %s", user, address)
         return None
 

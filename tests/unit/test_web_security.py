@@ -12,13 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from celery_dlq import cli
 from celery_dlq.manage import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.redis.keys import Keys
 from celery_dlq.web import create_app
 from celery_dlq.web.origin import Origin, bind_hosts, split_host
+from celery_dlq.web.throttle import LoginThrottle
 from celery_dlq.web.users import ADMIN, OPERATOR, VIEWER, check, hash_password, may, parse_users, read_users_file
 from tests.unit.test_manage import run
 from tests.unit.test_web import T0, client, csrf, letters, post, post_routes
@@ -240,13 +244,24 @@ def test_the_sixth_failed_login_is_refused_for_the_window_across_two_dashboard_p
     r = log_in(c, *AS[ADMIN])                               # the right password, the 6th try: refused
     assert r.status_code == 429 and "too many failed logins" in r.text and "dlq_session" not in c.cookies
     key = Keys(op.settings.key_prefix).web_login_failures("addr", "198.51.100.7")
-    assert int(fake.get(key)) == 5 and 0 < fake.ttl(key) <= 15 * 60
+    assert int(fake.get(key)) == 6 and 0 < fake.ttl(key) <= 15 * 60      # 5 failures and the try refused
     elsewhere = client(first, auth=None, client=("203.0.113.1", 4000))   # the user is limited from anywhere
     assert log_in(elsewhere, *AS[ADMIN]).status_code == 429
     assert client(first, auth=AS[ADMIN], client=("203.0.113.1", 4000)).get("/").status_code == 429   # header too
     assert log_in(client(first, auth=None, client=("203.0.113.1", 4000)), *AS[VIEWER]).status_code == 303
     fake.delete(key, Keys(op.settings.key_prefix).web_login_failures("user", "ada"))   # the window ended
     assert log_in(client(second, auth=None, client=("198.51.100.7", 4000)), *AS[ADMIN]).status_code == 303
+
+
+def test_tries_at_once_cannot_exceed_the_limit_and_a_right_password_gives_its_addresss_try_back(fake):
+    throttle = LoginThrottle(fake, Keys("p"), limit=5, window=900)
+    assert [throttle.take("10.0.0.1", "ada") for _ in range(8)] == [True] * 5 + [False] * 3   # checked: 5 at most
+    throttle = LoginThrottle(fake, Keys("q"), limit=2, window=900)
+    for _ in range(10):                         # a script's good Authorization on every request never runs out
+        assert throttle.take("10.0.0.2", "otto")
+        throttle.succeeded("10.0.0.2", "otto")
+    assert fake.get(Keys("q").web_login_failures("addr", "10.0.0.2")) == b"0"
+    assert fake.ttl(Keys("q").web_login_failures("addr", "10.0.0.2")) > 0     # the window's end is kept
 
 
 def test_wrong_authorization_headers_count_as_failed_logins(app, op, fake):
@@ -313,13 +328,10 @@ def test_users_lines_roles_and_hashed_passwords(tmp_path, app, op, monkeypatch):
         create_app(app, users_file=tmp_path / "missing", operator=op)
 
 
-def test_web_passwd_prints_a_line_the_dashboard_accepts(app, fake, tmp_path, op):
-    result = run(app, fake, "web-passwd", "otto", "--role", "operator", ops=op)
-    assert result.exit_code != 0                                  # no input: asks, never takes it from argv
-    from click.testing import CliRunner
-    from celery.bin.base import CLIContext
-    from celery_dlq import cli
-
+def test_web_passwd_asks_twice_and_prints_a_line_the_dashboard_accepts(app, tmp_path, op):
+    out = CliRunner().invoke(cli.dlq, ["web-passwd", "otto"], input="one\ntwo\n",
+                             obj=CLIContext(app=app, no_color=True, workdir=None))
+    assert out.exit_code != 0 and "pbkdf2" not in out.output       # the two entries differ
     out = CliRunner().invoke(cli.dlq, ["web-passwd", "otto", "--role", "operator"], input="s3cret\ns3cret\n",
                              obj=CLIContext(app=app, no_color=True, workdir=None))
     line = out.output.strip().splitlines()[-1]
