@@ -1,9 +1,12 @@
 """``create_app(celery_app, ...)``: the dashboard as an ASGI app, to serve or to mount in a bigger site.
 
-Starlette routes, Jinja2 templates and a stylesheet shipped as package data
-(``web/templates``, ``web/static``); no JavaScript. Pages are
-:mod:`~celery_dlq.web.views`, actions :mod:`~celery_dlq.web.actions`, both
-thin over the operator API (:mod:`celery_dlq.ops`). One
+Starlette routes, Jinja2 templates, a stylesheet and one small script shipped
+as package data (``web/templates``, ``web/static``). Pages are
+:mod:`~celery_dlq.web.views`, actions :mod:`~celery_dlq.web.actions` and
+:mod:`~celery_dlq.web.api`, all thin over the operator API
+(:mod:`celery_dlq.ops`). Two middlewares run first:
+:mod:`~celery_dlq.web.origin` (the ``Host`` check, trusted proxies, security
+headers), then :mod:`~celery_dlq.web.middleware` (who, with which role). One
 :class:`~celery_dlq.ops.operator.Operator` serves every request (redis-py
 clients are thread-safe; Starlette runs the page functions in its thread pool).
 """
