@@ -1,4 +1,4 @@
-"""What changes state: log in and out, replay, purge, redeliver or delete parked retries.
+"""What changes state: log in and out, replay, purge, redeliver or delete parked retries, revoke sessions.
 
 Every change is a POST whose form carries the CSRF token (:func:`posted`
 refuses it otherwise) and, except the login, is refused (and logged) unless
@@ -184,10 +184,32 @@ async def logout(request: Request) -> Response:
     return response
 
 
+def sessions_page(request: Request, revoked: int | None = None, revoked_user: str = "") -> Response:
+    """Every live login (admins only), each with a button that revokes its user's sessions."""
+    require(request, "revoke")
+    access = request.app.state.access
+    sessions = request.app.state.sessions.list()
+    return render(request, "sessions.html", sessions=sessions, revoked=revoked, revoked_user=revoked_user,
+                  roles={s.user: access.role(s.user) for s in sessions})
+
+
+async def revoke(request: Request) -> Response:
+    """End every session of the user posted, in every process (admins only)."""
+    form = await posted(request, "revoke")
+    user = str(form.get("user") or "").strip()
+    if not user:
+        raise HTTPException(400, "say whose sessions to revoke: user is required")
+    n = await run_in_threadpool(request.app.state.sessions.revoke, user)
+    logger.warning("celery-dlq web: revoked %d session(s) of user %r, by %r", n, user, request.state.user)
+    return await run_in_threadpool(sessions_page, request, n, user)
+
+
 ROUTES = [
     Route("/dlq/{name}/confirm", confirm_page, name="confirm"),
     Route("/dlq/{name}/{verb}", act, methods=["POST"], name="act"),
     Route("/parked/{verb}", parked_action, methods=["POST"], name="parked_action"),
     Route("/login", login, methods=["POST"], name="login_post"),
     Route("/logout", logout, methods=["POST"], name="logout"),
+    Route("/sessions", sessions_page, name="sessions"),
+    Route("/sessions/revoke", revoke, methods=["POST"], name="revoke"),
 ]

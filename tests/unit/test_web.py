@@ -169,6 +169,7 @@ POST_ROUTES = {
     "/api/parked/{verb}": [("/api/parked/redeliver", "redeliver"), ("/api/parked/delete", "delete")],
     "/login": [("/login", None)],
     "/logout": [("/logout", None)],
+    "/sessions/revoke": [("/sessions/revoke", "revoke")],
 }
 
 

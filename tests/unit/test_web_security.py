@@ -222,6 +222,22 @@ def test_a_revoked_session_is_refused_in_every_process(app, op, fake, web):
     assert admin.get("/").status_code == 200                      # another user's session is left alone
 
 
+def test_an_admin_revokes_a_users_sessions_from_the_dashboard_and_nobody_else_may(web, caplog):
+    otto = client(web, auth=None)
+    log_in(otto, *AS[OPERATOR])
+    assert "Sessions" not in otto.get("/").text and otto.get("/sessions").status_code == 403
+    assert otto.post("/sessions/revoke", data={"csrf_token": csrf(otto), "user": "ada"}).status_code == 403
+    admin = client(web, auth=None)
+    log_in(admin, *AS[ADMIN])
+    page = admin.get(admin.get("/").text.split('id="sessions-link"')[0].rsplit('href="', 1)[1].split('"')[0]).text
+    assert re.findall(r'<tr class="session" data-user="([^"]+)"', page) == ["otto", "ada"]
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.web"):
+        done = admin.post("/sessions/revoke", data={"csrf_token": csrf(admin), "user": "otto"})
+    assert done.status_code == 200 and 'data-n="1"' in done.text
+    assert "revoked 1 session(s) of user 'otto', by 'ada'" in caplog.text
+    assert otto.get("/", follow_redirects=False).status_code == 303 and admin.get("/").status_code == 200
+
+
 def test_logout_ends_the_session_not_only_the_cookie(web):
     c = client(web, auth=None)
     log_in(c, *AS[VIEWER])
