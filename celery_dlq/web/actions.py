@@ -1,11 +1,12 @@
 """What changes state: log in and out, replay, purge, redeliver or delete parked retries, revoke sessions.
 
 Every change is a POST whose form carries the CSRF token (:func:`posted`
-refuses it otherwise) and, except the login, is refused (and logged) unless
-the user's role may take it (:mod:`~celery_dlq.web.roles`: replay and
-redeliver need an operator, purge and delete an admin; on a read-only
-dashboard everyone is a viewer). A replay or purge first shows a confirmation (a GET) stating how
-many dead letters will move, then runs as a background job
+refuses it otherwise) and, except the login and logout, is refused (and
+logged) unless the user's role may take it (:mod:`~celery_dlq.web.roles`:
+replay and redeliver need an operator, purge, delete and revoke an admin;
+on a read-only dashboard everyone is a viewer). A replay or purge first
+shows a confirmation (a GET) stating how many dead letters will move, then
+runs as a background job
 (:mod:`~celery_dlq.web.jobs`). What to act on is one of: the task ids
 ticked (``id``), every dead letter matching the filter, or, with ``all``,
 the whole DLQ, the same selections as ``celery dlq replay``/``purge``.
@@ -168,7 +169,7 @@ async def login(request: Request) -> Response:
                       token_user=TOKEN_USER)
     await run_in_threadpool(state.throttle.succeeded, address, user)
     await run_in_threadpool(state.sessions.end, request.cookies.get(SESSION_COOKIE))   # no session outlives a login
-    session = await run_in_threadpool(state.sessions.create, user, address)
+    session = await run_in_threadpool(state.sessions.create, user, address, state.access.tag(user))
     response = RedirectResponse(href(request, target), 303)
     response.set_cookie(SESSION_COOKIE, session, path=cookie_path(request),
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")

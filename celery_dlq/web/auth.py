@@ -27,7 +27,7 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
-from celery_dlq.web.users import ADMIN, ROLES, TOKEN_USER, VIEWER, User, check
+from celery_dlq.web.users import ADMIN, ROLES, TOKEN_USER, VIEWER, User, check, credential_tag
 
 SESSION_COOKIE = "dlq_session"
 CSRF_COOKIE = "dlq_csrf"
@@ -55,6 +55,7 @@ class Access:
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     token_role: str = ADMIN
     read_only: bool = False
+    _tags: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.users or self.token or self.no_auth):
@@ -63,6 +64,17 @@ class Access:
                              "on 127.0.0.1")
         if self.token_role not in ROLES:
             raise ValueError(f"token_role must be one of {', '.join(ROLES)}, not {self.token_role!r}")
+        self._tags = {name: credential_tag(name, user.password) for name, user in self.users.items()}
+        if self.token is not None:
+            self._tags[TOKEN_USER] = credential_tag(TOKEN_USER, self.token)
+
+    def tag(self, user: str) -> str:
+        """The credential tag a session of ``user`` must carry (:func:`~celery_dlq.web.users.credential_tag`)."""
+        return self._tags.get(user, "")
+
+    def session_ok(self, user: str | None, tag: str) -> bool:
+        """A session of ``user`` opened with the credential ``user`` has now (a changed password or token: no)."""
+        return self.known(user) and bool(tag) and hmac.compare_digest(tag.encode(), self.tag(str(user)).encode())
 
     def check_password(self, user: str, password: str) -> bool:
         if user == TOKEN_USER:

@@ -69,8 +69,8 @@ class AuthMiddleware(BaseHTTPMiddleware):
             return None
         if request.headers.get("authorization"):
             return self.from_header(request)
-        user = self.sessions.user(request.cookies.get(SESSION_COOKIE))
-        return user if self.access.known(user) else None
+        found = self.sessions.lookup(request.cookies.get(SESSION_COOKIE))
+        return found[0] if found and self.access.session_ok(*found) else None
 
     def from_header(self, request: Request) -> str | None:
         """The user an ``Authorization`` header proves, failures counted as the login form's are."""

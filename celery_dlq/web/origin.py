@@ -149,7 +149,8 @@ class OriginMiddleware:
 async def _refuse(send: Any) -> None:
     body = b"400 Bad Request: the dashboard does not serve this host name (see --allowed-host)"
     await send({"type": "http.response.start", "status": 400,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -45,13 +45,15 @@ class Sessions:
                  clock: Callable[[], float] = time.time) -> None:
         self.client, self.keys, self.ttl, self.clock = client, keys, ttl, clock
 
-    def create(self, user: str, address: str = "") -> str:
-        """A new session of ``user``: the cookie value to send (the only place it exists)."""
+    def create(self, user: str, address: str = "", tag: str = "") -> str:
+        """A new session of ``user``: the cookie value to send (the only place it exists). ``tag``: what it
+        records of the credential it was opened with (:meth:`~celery_dlq.web.auth.Access.tag`)."""
         session_id = secrets.token_urlsafe(32)
         digest, now = _digest(session_id), self.clock()
         key = self.keys.web_session(digest)
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={"user": user, "created": now, "expires": now + self.ttl, "address": address})
+        pipe.hset(key, mapping={"user": user, "created": now, "expires": now + self.ttl, "address": address,
+                                "tag": tag})
         pipe.expire(key, self.ttl)
         pipe.zadd(self.keys.web_sessions, {digest: now + self.ttl})
         pipe.zremrangebyscore(self.keys.web_sessions, "-inf", now)
@@ -60,12 +62,17 @@ class Sessions:
 
     def user(self, session_id: str | None) -> str | None:
         """The user of a live session; None when absent, ended, revoked or expired."""
+        found = self.lookup(session_id)
+        return found[0] if found else None
+
+    def lookup(self, session_id: str | None) -> tuple[str, str] | None:
+        """``(user, credential tag)`` of a live session; None when absent, ended, revoked or expired."""
         if not session_id or len(session_id) > 128:
             return None
-        fields = self.client.hmget(self.keys.web_session(_digest(session_id)), "user", "expires")
-        if fields[0] is None or fields[1] is None or float(fields[1]) <= self.clock():
+        user, expires, tag = self.client.hmget(self.keys.web_session(_digest(session_id)), "user", "expires", "tag")
+        if user is None or expires is None or float(expires) <= self.clock():
             return None
-        return fields[0].decode()
+        return user.decode(), (tag or b"").decode()
 
     def end(self, session_id: str | None) -> None:
         """Log out: the session is gone for every process."""

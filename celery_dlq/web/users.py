@@ -49,6 +49,16 @@ def hash_password(password: str, *, iterations: int = HASH_ITERATIONS, salt: str
     return f"{HASH_SCHEME}${iterations}${salt}${base64.b64encode(digest).decode()}"
 
 
+def credential_tag(user: str, stored: str) -> str:
+    """What a session records of the credential it was opened with, so a changed password or token ends it.
+
+    A slow, salted, truncated derivation of the stored password (plain or hash)
+    or token: Redis never holds the password, and what it holds is costly to
+    guess from. Computed once per user when the dashboard starts.
+    """
+    return hashlib.pbkdf2_hmac("sha256", stored.encode(), f"celery-dlq-session:{user}".encode(), 20_000).hex()[:16]
+
+
 def _is_hash(secret: str) -> bool:
     parts = secret.split("$")
     return len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit() and all(parts[2:])

@@ -29,7 +29,8 @@ class Dashboard(ServerProcess):
         super().__init__(lambda port: [sys.executable, "-m", "celery", "-A", "tests.integration.ops_app", "dlq",
                                        "web", "--port", str(port), "--users-file", str(users_file),
                                        "--refresh", "0", *args],
-                         harness.env(), harness.tmp_path / f"{name}.log", ready="/login", what=f"celery dlq web ({name})")
+                         harness.env(), harness.tmp_path / f"{name}.log", ready="/login",
+                         what=f"celery dlq web ({name})")
         self.start()
 
     def argv(self) -> list[str]:

@@ -117,7 +117,7 @@ def test_forged_expired_or_ended_sessions_are_refused_and_redis_holds_no_cookie(
     assert sessions.user(cookie[:-1] + ("A" if cookie[-1] != "A" else "B")) is None   # a guessed neighbour
     assert sessions.user("") is None and sessions.user("x" * 500) is None
     assert fake.ttl(Keys("p").web_session(hashlib.sha256(cookie.encode()).hexdigest())) == SESSION_TTL
-    now[0] = T0 + SESSION_TTL + 1                                                    # expired, even before Redis drops it
+    now[0] = T0 + SESSION_TTL + 1                                     # expired, even before Redis drops it
     assert sessions.user(cookie) is None and sessions.list() == []
     now[0] = T0
     sessions.end(cookie)

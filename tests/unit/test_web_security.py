@@ -238,6 +238,23 @@ def test_an_admin_revokes_a_users_sessions_from_the_dashboard_and_nobody_else_ma
     assert otto.get("/", follow_redirects=False).status_code == 303 and admin.get("/").status_code == 200
 
 
+def test_a_changed_password_or_token_ends_the_sessions_opened_with_the_old_one(app, op):
+    before = create_app(app, basic_auth=USERS, token="old-token", operator=op)
+    ada, robot, vera = client(before, auth=None), client(before, auth=None), client(before, auth=None)
+    log_in(ada, *AS[ADMIN])
+    log_in(robot, "token", "old-token")
+    log_in(vera, *AS[VIEWER])
+    assert "a-pass" not in str(before.state.sessions.client.hgetall(
+        Keys("celery_dlq").web_session(before.state.sessions.list()[0].digest)))
+    after = create_app(app, basic_auth=["vera:viewer:v-pass", "otto:operator:o-pass", "ada:admin:new-pass"],
+                       token="new-token", operator=op)        # restarted with ada's password and the token changed
+    for browser in (ada, robot):
+        moved = client(after, auth=None, cookies={"dlq_session": browser.cookies["dlq_session"]})
+        assert moved.get("/", follow_redirects=False).status_code == 303
+    unchanged = client(after, auth=None, cookies={"dlq_session": vera.cookies["dlq_session"]})
+    assert unchanged.get("/").status_code == 200                # vera's password is the same: her session stays
+
+
 def test_logout_ends_the_session_not_only_the_cookie(web):
     c = client(web, auth=None)
     log_in(c, *AS[VIEWER])
