@@ -62,11 +62,7 @@ class AuthMiddleware(BaseHTTPMiddleware):
                                "--trusted-proxy", request.method, request.url.path, client_address(request))
                 raise Refused(PlainTextResponse("forwarded headers from a proxy not named with --trusted-proxy: "
                                                 "refused, since every client behind it would look local", 403))
-            if is_loopback(client_address(request)):
-                return LOCAL_USER
-            logger.warning("celery-dlq web: refused %s %s to %s: --no-auth serves loopback clients only",
-                           request.method, request.url.path, client_address(request))
-            return None
+            return LOCAL_USER if is_loopback(client_address(request)) else None
         if request.headers.get("authorization"):
             return self.from_header(request)
         found = self.sessions.lookup(request.cookies.get(SESSION_COOKIE))
@@ -113,6 +109,8 @@ class AuthMiddleware(BaseHTTPMiddleware):
 
     def refuse(self, request: Request, path: str) -> Response:
         if self.access.no_auth:
+            logger.warning("celery-dlq web: refused %s %s to %s: --no-auth serves loopback clients only",
+                           request.method, path, client_address(request))
             return PlainTextResponse("this dashboard runs without authentication: loopback clients only", 403)
         if request.headers.get("authorization"):
             return PlainTextResponse("wrong credentials", 401, {"WWW-Authenticate": 'Basic realm="celery-dlq"'})
