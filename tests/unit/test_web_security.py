@@ -361,6 +361,15 @@ def test_users_lines_roles_and_hashed_passwords(tmp_path, app, op, monkeypatch):
         create_app(app, users_file=tmp_path / "missing", operator=op)
 
 
+def test_the_cli_refuses_a_missing_users_file_and_a_proxy_that_is_no_address(app, fake, op):
+    result = run(app, fake, "web", "--users-file", "/nonexistent/users", ops=op)
+    assert result.exit_code == 2 and "cannot read the users file /nonexistent/users" in result.output
+    result = run(app, fake, "web", "--basic-auth", "a:b", "--trusted-proxy", "proxy.example", ops=op)
+    assert result.exit_code == 2 and "--trusted-proxy takes an IP address or network" in result.output
+    result = run(app, fake, "web", "--no-auth", "--bind", "127.0.0.1", "--allowed-host", "*", ops=op)
+    assert result.exit_code == 2 and "DNS rebinding" in result.output
+
+
 def test_web_passwd_asks_twice_and_prints_a_line_the_dashboard_accepts(app, tmp_path, op):
     out = CliRunner().invoke(cli.dlq, ["web-passwd", "otto"], input="one\ntwo\n",
                              obj=CLIContext(app=app, no_color=True, workdir=None))
