@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from celery_dlq.web.actions import PARKED_VERBS, VERBS, Selection, act_on_parked, start
+from celery_dlq.web.query import FILTERS
 from celery_dlq.web.render import href
 from celery_dlq.web.roles import require
 
@@ -52,6 +53,10 @@ def selection_params(data: dict) -> ImmutableMultiDict:
     filters = data.get("filter") or {}
     if not isinstance(filters, dict) or not isinstance(data.get("ids") or [], list):
         raise HTTPException(400, '"filter" must be an object and "ids" a list')
+    unknown = sorted(set(filters) - set(FILTERS)) + sorted(set(data) - {"ids", "filter", "all", "to"})
+    if unknown:   # a typo must not widen the selection nor pass unnoticed
+        raise HTTPException(400, f"unknown field {unknown[0]!r}: the body takes ids, filter ({', '.join(FILTERS)}), "
+                                 "all, to")
     items: list[tuple[str, Any]] = [("id", str(i)) for i in data.get("ids") or []]
     items += [(str(k), str(v)) for k, v in filters.items()]
     if data.get("all") is True:

@@ -109,13 +109,14 @@ def _users(basic_auth: Iterable[str], users_file: str | os.PathLike | None) -> d
 
 
 def _error(request: Request, status: int, title: str, message: str) -> Response:
+    """The error page, or ``{"error": message}`` on the JSON API."""
+    if local_path(request).startswith("/api/"):
+        return JSONResponse({"error": message}, status)
     return render(request, "error.html", status, title=title, message=message)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    if local_path(request).startswith("/api/"):
-        return JSONResponse({"error": str(exc.detail)}, exc.status_code)
     return _error(request, exc.status_code, {403: "Refused", 404: "Not found"}.get(exc.status_code, "Error"),
                   str(exc.detail))
 

@@ -171,9 +171,15 @@ def test_a_viewer_cannot_replay_and_an_operator_cannot_purge_but_may_replay_html
     web.state.jobs.wait(started.json()["job_id"])
     status = operator.get(started.json()["url"]).json()
     assert status["done"] == 1 and status["user"] == "otto" and not status["running"]
+    assert operator.post("/api/dlq/DLQ.nope/replay", json={"all": True}).json()["error"].startswith("unknown dead-letter queue")
+    assert operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"since": "soon"}}).status_code == 400
+    typo = operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"tsak": "shop.charge"}})
+    assert typo.status_code == 400 and "unknown field 'tsak'" in typo.json()["error"]
     r = admin.post("/dlq/DLQ.orders/purge", data={"csrf_token": csrf(admin), "id": ids[1]}, follow_redirects=False)
-    web.state.jobs.wait(r.headers["location"].rsplit("/", 1)[1])
-    assert fake.llen("DLQ.orders") == 1
+    assert web.state.jobs.wait(r.headers["location"].rsplit("/", 1)[1]).outcome.done == 1
+    matching = operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"task": "shop.*"}, "to": "elsewhere"})
+    assert web.state.jobs.wait(matching.json()["job_id"]).outcome.done == 1 and fake.llen("elsewhere") == 1
+    assert fake.llen("DLQ.orders") == 0
 
 
 def test_buttons_are_shown_only_to_roles_that_may_use_them(web, fake, op):
