@@ -122,3 +122,22 @@ def test_a_foreign_host_is_refused_by_the_real_server(harness, users_file):
         assert httpx.get(server.base + "/login").headers["content-security-policy"].startswith("default-src 'self'")
     finally:
         server.stop()
+
+
+def test_secure_cookies_behind_the_trusted_proxy_only_on_the_real_server(harness, users_file):
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.7"}
+    untrusted = Dashboard(harness, users_file, name="untrusted")
+    trusted = Dashboard(harness, users_file, "--trusted-proxy", "127.0.0.1", name="trusted")
+    try:
+        for server, secure in ((untrusted, False), (trusted, True)):
+            cookie = httpx.get(server.base + "/login", headers=https).headers["set-cookie"]
+            assert cookie.startswith("dlq_csrf=") and ("secure" in cookie.lower()) is secure, server.what
+        page = httpx.get(trusted.base + "/login", headers=https)    # a Secure cookie: sent back by hand over http
+        nonce = page.headers["set-cookie"].split(";")[0]
+        failed = httpx.post(trusted.base + "/login", headers={**https, "Cookie": nonce},
+                            data={"csrf_token": CSRF.search(page.text).group(1), "user": "vera", "password": "wrong"})
+        assert failed.status_code == 401
+        assert "failed login for user 'vera' from 198.51.100.7" in trusted.log()   # the forwarded client's address
+    finally:
+        untrusted.stop()
+        trusted.stop()
