@@ -50,9 +50,9 @@ class Access:
     """The dashboard's credentials, roles and signing secret (a random one per process unless given)."""
 
     users: dict[str, User] = field(default_factory=dict)
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)     # never in a log line or a traceback
     no_auth: bool = False
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     token_role: str = ADMIN
     read_only: bool = False
     _tags: dict[str, str] = field(default_factory=dict, init=False, repr=False)

@@ -205,6 +205,8 @@ def test_the_token_is_an_admin_unless_configured_and_read_only_makes_everyone_a_
     assert r.status_code == 403 and "read-only" in r.text and fake.llen("DLQ.orders") == 1
     with pytest.raises(ValueError, match="token_role"):
         create_app(app, token="t0ken", token_role="root", operator=op)
+    access = create_app(app, basic_auth=USERS, token="t0ken", operator=op).state.access
+    assert "t0ken" not in repr(access) and "a-pass" not in repr(access)
 
 
 # -- sessions ----------------------------------------------------------------------------
