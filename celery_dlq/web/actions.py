@@ -160,11 +160,12 @@ async def login(request: Request) -> Response:
     target = next_path(str(form.get("next") or ""))
     state = request.app.state
     if not await run_in_threadpool(state.throttle.take, address, user):
-        logger.warning("celery-dlq web: refused login of user %r from %s: too many failed logins", user, address)
+        logger.warning("celery-dlq web: refused login of user %r from %s: too many failed logins", user[:200],
+                       address)
         return render(request, "login.html", 429, next=target, token_user=TOKEN_USER,
                       error="too many failed logins: try again later")
     if not state.access.check_password(user, str(form.get("password") or "")):
-        logger.warning("celery-dlq web: failed login for user %r from %s", user, address)
+        logger.warning("celery-dlq web: failed login for user %r from %s", user[:200], address)
         return render(request, "login.html", 401, next=target, error="wrong user or password",
                       token_user=TOKEN_USER)
     await run_in_threadpool(state.throttle.succeeded, address, user)

@@ -20,7 +20,7 @@ from celery_dlq import cli
 from celery_dlq.manage import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.redis.keys import Keys
-from celery_dlq.web import create_app
+from celery_dlq.web import auth, create_app
 from celery_dlq.web.origin import Origin, bind_hosts, split_host
 from celery_dlq.web.throttle import LoginThrottle
 from celery_dlq.web.users import ADMIN, OPERATOR, VIEWER, check, hash_password, may, parse_users, read_users_file
@@ -376,6 +376,16 @@ def test_the_cli_refuses_a_missing_users_file_and_a_proxy_that_is_no_address(app
     assert result.exit_code == 2 and "--trusted-proxy takes an IP address or network" in result.output
     result = run(app, fake, "web", "--no-auth", "--bind", "127.0.0.1", "--allowed-host", "*", ops=op)
     assert result.exit_code == 2 and "DNS rebinding" in result.output
+
+
+def test_a_hashed_password_is_derived_once_per_process_not_once_per_request(app, op, monkeypatch):
+    web = create_app(app, basic_auth=[f"ada:admin:{hash_password('h-pass', iterations=1000)}"], operator=op)
+    calls = []
+    monkeypatch.setattr(auth, "check", lambda stored, given: calls.append(given) or check(stored, given))
+    for _ in range(3):
+        assert client(web, auth=("ada", "h-pass")).get("/api/overview").status_code == 200
+    assert client(web, auth=("ada", "wrong")).get("/api/overview").status_code == 401
+    assert calls == ["h-pass", "wrong"]
 
 
 def test_web_passwd_asks_twice_and_prints_a_line_the_dashboard_accepts(app, tmp_path, op):
