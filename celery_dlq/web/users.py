@@ -61,7 +61,8 @@ def credential_tag(user: str, stored: str) -> str:
 
 def _is_hash(secret: str) -> bool:
     parts = secret.split("$")
-    return len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit() and all(parts[2:])
+    return (len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit() and int(parts[1]) > 0
+            and all(parts[2:]))
 
 
 def check(stored: str, given: str) -> bool:

@@ -351,7 +351,8 @@ def test_users_lines_roles_and_hashed_passwords(tmp_path, app, op, monkeypatch):
     assert {u.name: u.role for u in users.values()} == {"al": ADMIN, "bo": OPERATOR, "cy": VIEWER, "di": ADMIN}
     assert users["bo"].password == "pw:with:colons" and users["di"].password == "pa:ss"
     assert "pw" not in repr(users["al"])
-    for bad, message in (("nobody", "user:password"), ("token:x", "reserved"), ("al:pbkdf2_sha256$x", "malformed")):
+    for bad, message in (("nobody", "user:password"), ("token:x", "reserved"), ("al:pbkdf2_sha256$x", "malformed"),
+                         ("al:pbkdf2_sha256$0$salt$aGFzaA==", "malformed")):
         with pytest.raises(ValueError, match=message):
             parse_users([bad])
     with pytest.raises(ValueError, match="given twice"):
