@@ -113,12 +113,16 @@ def test_a_session_revoked_with_the_cli_is_refused_by_every_dashboard_process(ha
         second.stop()
 
 
-def test_a_foreign_host_is_refused_by_the_real_server(harness, users_file):
-    server = Dashboard(harness, users_file, "--allowed-host", "dlq.example.com")
+@pytest.mark.parametrize("no_auth", [False, True], ids=["login", "no-auth"])
+def test_a_foreign_host_is_refused_by_the_real_server(harness, users_file, no_auth):
+    server = Dashboard(harness, users_file, "--allowed-host", "dlq.example.com", *(["--no-auth"] if no_auth else []))
     try:
-        assert httpx.get(server.base + "/login", headers={"Host": "rebound.example"}).status_code == 400
-        assert httpx.get(server.base + "/login", headers={"Host": f"localhost:{server.port}"}).status_code == 200
-        assert httpx.get(server.base + "/login", headers={"Host": "dlq.example.com"}).status_code == 200
+        page = "/" if no_auth else "/login"
+        for host in ("rebound.example", f"rebound.example:{server.port}"):    # DNS rebinding: 127.0.0.1 by name
+            refused = httpx.get(server.base + page, headers={"Host": host})
+            assert refused.status_code == 400 and "csrf_token" not in refused.text
+        assert httpx.get(server.base + page, headers={"Host": f"localhost:{server.port}"}).status_code == 200
+        assert httpx.get(server.base + page, headers={"Host": "dlq.example.com"}).status_code == 200
         assert httpx.get(server.base + "/login").headers["content-security-policy"].startswith("default-src 'self'")
     finally:
         server.stop()
