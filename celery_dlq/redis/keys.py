@@ -133,6 +133,22 @@ class Keys:
         """STREAM, capped: the dead-letter archive (park, redelivery, dead letter, ...; ``events.py``)."""
         return self.base + ":events"
 
+    def web_session(self, digest: str) -> str:
+        """HASH, expiring: one dashboard login (``user``, ``created``, ``expires``, ``address``, ``tag``);
+        ``digest`` is the SHA-256 of the session cookie, so what Redis holds cannot be replayed as a cookie
+        (``web/sessions.py``)."""
+        return f"{self.base}:web:session:{digest}"
+
+    @property
+    def web_sessions(self) -> str:
+        """ZSET session digest -> expiry (s): every dashboard login, to list and revoke them by user."""
+        return self.base + ":web:sessions"
+
+    def web_login_failures(self, scope: str, who: str) -> str:
+        """STRING counter, expiring at the end of its window: failed dashboard logins of one client address
+        (``scope`` ``addr``) or one user name (``user``), shared by every dashboard process (``web/throttle.py``)."""
+        return f"{self.base}:web:failures:{scope}:{who}"
+
     def delivery_count(self, task_id: str) -> str:
         """STRING counter: how many times the task's message was delivered."""
         return f"{self.base}:count:{task_id}"

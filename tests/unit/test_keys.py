@@ -32,6 +32,14 @@ def test_key_names_share_one_hash_tag():
                                  keys.queues, keys.parked)
 
 
+def test_the_dashboards_keys_share_the_hash_tag():
+    keys = Keys(prefix="app", global_keyprefix="t:")
+    assert keys.web_session("ab12") == "t:{app}:web:session:ab12"
+    assert keys.web_sessions == "t:{app}:web:sessions"
+    assert keys.web_login_failures("addr", "10.0.0.1") == "t:{app}:web:failures:addr:10.0.0.1"
+    assert len({key_slot(k.encode()) for k in (keys.web_session("x"), keys.web_sessions, keys.stats)}) == 1
+
+
 def test_global_keyprefix_goes_in_front_of_the_hash_tag():
     keys = Keys(prefix="app", global_keyprefix="tenant1:")
     assert keys.delayed == "tenant1:{app}:delayed"
