@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import threading
 import time
@@ -125,6 +126,9 @@ class DlqFetcher:
                      "unacked_index", self.fetched, *self.markers, KEYS.fetch_queues, KEYS.fetch_listening,
                      *moves.keys]
         self.next, self.took, self.heard_at, self.registered_at = FETCH, False, -HEARD_FOR, -REGISTER_EVERY
+        #: Real workers start at different times: the first wait and beat are spread over their periods, so a
+        #: window of the benchmark sees their average rates, not all of them at once.
+        self.first_wait = random.uniform(1.0, MARKER_WAIT)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -135,7 +139,8 @@ class DlqFetcher:
 
     async def step(self) -> None:
         if self.next == MARKERS:
-            woken = await self.client.bzpopmin([self.wake, *self.markers], timeout=MARKER_WAIT)
+            wait, self.first_wait = self.first_wait or MARKER_WAIT, 0.0
+            woken = await self.client.bzpopmin([self.wake, *self.markers], timeout=wait)
             quiet = woken is None and time.monotonic() - self.heard_at < HEARD_FOR - MARKER_WAIT
             self.next = MARKERS if quiet else FETCH
             return
@@ -167,6 +172,7 @@ class DlqFetcher:
     async def beat(self, stop: asyncio.Event) -> None:
         """A worker without the lease: SET NX PX every interval (``redis/lease.py``)."""
         try:
+            await asyncio.sleep(random.uniform(0, HEARTBEAT))
             while not stop.is_set():
                 await self.beat_client.set(KEYS.mover_lease, self.ident, nx=True, px=7500)
                 try:
@@ -177,11 +183,12 @@ class DlqFetcher:
             await self.beat_client.aclose()
 
 
-def snapshot(client: redis.Redis) -> tuple[float, int, float]:
+def snapshot(client: redis.Redis) -> tuple[float, int, float, dict[str, int]]:
     stats = client.info("commandstats")
     cpu = client.info("cpu")
-    calls = sum(int(row["calls"]) for name, row in stats.items() if name[len("cmdstat_"):] not in OWN)
-    return time.monotonic(), calls, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+    by = {name[len("cmdstat_"):]: int(row["calls"]) for name, row in stats.items()
+          if name[len("cmdstat_"):] not in OWN}
+    return time.monotonic(), sum(by.values()), float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), by
 
 
 class Side:
@@ -239,6 +246,9 @@ async def run_n(n: int, rounds: int, idle_window: float, trickle: int, load: int
             for name in sides:
                 seconds = after[name][0] - before[name][0]
                 result["idle"].setdefault(name, []).append((after[name][1] - before[name][1]) / seconds / n)
+                result.setdefault("idle_by", {})[name] = {
+                    k: round((v - before[name][3].get(k, 0)) / seconds / n, 3) for k, v in after[name][3].items()
+                    if v != before[name][3].get(k, 0)}
             for phase, count, rate in (("trickle", trickle, 5.0), ("load", load, 200.0)):
                 before = {name: snapshot(side.client) for name, side in sides.items()}
                 taken = {name: side.stats.taken for name, side in sides.items()}
@@ -257,8 +267,10 @@ async def run_n(n: int, rounds: int, idle_window: float, trickle: int, load: int
                     seconds = after[name][0] - before[name][0]
                     total = after[name][1] - before[name][1]
                     idle = result["idle"][name][-1] * n * seconds   # this round's idle rate, over this window
+                    by = {k: round((v - before[name][3].get(k, 0)) / count, 2) for k, v in after[name][3].items()
+                          if v != before[name][3].get(k, 0)}
                     result[phase].setdefault(name, []).append(
-                        (total / count, (after[name][2] - before[name][2]) * 1000 / count, (total - idle) / count))
+                        (total / count, (after[name][2] - before[name][2]) * 1000 / count, (total - idle) / count, by))
         for name, side in sides.items():
             result["pickup"][name] = side.stats.pickups
         for pub in publishers.values():
@@ -298,10 +310,6 @@ def report(results: list[dict]) -> None:
                  "load celery", "load dlq", "ratio"], rows)
     rows = []
     for r in results:
-        rows.append([r["n"]] + [spread([x[1] for x in r[phase][side]], "{:.3f}")
-                                for phase in ("trickle", "load") for side in ("celery", "dlq")])
-    rows = []
-    for r in results:
         cols = []
         for phase in ("trickle", "load"):
             marginal = {side: [x[2] for x in r[phase][side]] for side in ("celery", "dlq")}
@@ -311,6 +319,15 @@ def report(results: list[dict]) -> None:
     print("\nRedis commands per task beyond the idle rate of the same round (what one more task costs), "
           "median (min-max):")
     print_table(["N", "trickle celery", "trickle dlq", "ratio", "load celery", "load dlq", "ratio"], rows)
+    for r in results:
+        print(f"  N={r['n']} idle, per fetcher per second by command (last round): {r.get('idle_by')}")
+        for phase in ("trickle", "load"):
+            print(f"  N={r['n']} {phase}, per task by command (first round): celery {r[phase]['celery'][0][3]}")
+            print(f"  N={r['n']} {phase}, per task by command (first round): dlq {r[phase]['dlq'][0][3]}")
+    rows = []
+    for r in results:
+        rows.append([r["n"]] + [spread([x[1] for x in r[phase][side]], "{:.3f}")
+                                for phase in ("trickle", "load") for side in ("celery", "dlq")])
     print("\nRedis CPU per task (ms), median (min-max):")
     print_table(["N", "trickle celery", "trickle dlq", "load celery", "load dlq"], rows)
     rows = []
