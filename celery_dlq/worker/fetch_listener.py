@@ -11,13 +11,13 @@ one blocked client, so a message wakes one idle worker however many wait,
 as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
 queue again if another message is left, waking the next.
 
-What a message costs the listener (:class:`Coalescer`): the first write
-heard to a list after :data:`WINDOW` of quiet is a push, and its queue is
-marked at once (one ``ZADD``); later writes within the window (the pop
-that push's worker makes, more pushes under load) are looked at once when
-it ends (one ``EXISTS``, and a ``ZADD`` where the list holds a message).
-So a trickle costs two commands a message, and a busy list at most two per
-window however many messages pass.
+What a message costs the listener (:class:`Coalescer`): a write heard to a
+list is marked at once (one ``ZADD``: a push), except the first write heard
+within :data:`WINDOW` after a marking, which is presumed the pop of the
+worker that marking woke and only looked at when the window ends (one
+``EXISTS``, and a ``ZADD`` where the list holds a message; the looks of a
+window are one). So a message costs the listener about two commands, and
+no push waits for a window.
 
 The queues to hear are those fetches register (``Keys.fetch_queues``,
 written by a fetch that finds a queue of its own not heard, which also
@@ -85,35 +85,43 @@ def tracking_on(info: Any, redirect: int) -> bool:
 
 
 class Coalescer:
-    """Which lists heard written to are marked at once, which looked at when their window ends."""
+    """Which lists heard written to are marked at once, which looked at when their window ends.
+
+    A marking wakes one worker, whose pop is heard next: after each marking
+    of a list, the next write heard within :attr:`window` is presumed that
+    pop and only looked at when the window ends; any other write is marked
+    at once (a push, whose message must not wait). A presumption that was
+    wrong costs at worst one idle worker a fetch that finds nothing.
+    """
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self._last: dict[str, float] = {}    # list -> when its queue was last marked or looked at
+        self._until: dict[str, float] = {}   # list -> when the window of its last marking ends
+        self._pop: set[str] = set()          # lists whose marking's pop has not been heard yet
         self._later: dict[str, float] = {}   # list -> when to look at it
 
     def heard(self, lists: Iterable[str], now: float) -> set[str]:
-        """The lists to mark now (quiet for a window before): the others wait for :meth:`due`."""
+        """The lists to mark now: the others wait for :meth:`due`."""
         at_once = set()
         for key in lists:
-            last = self._last.get(key)
-            if last is None or now - last >= self.window:
-                at_once.add(key)
-                self._last[key] = now
+            if key in self._pop and now < self._until[key]:
+                self._pop.discard(key)
+                self._later.setdefault(key, self._until[key])
             else:
-                self._later.setdefault(key, last + self.window)
+                at_once.add(key)
+                self._until[key] = now + self.window
+                self._pop.add(key)
         return at_once
 
     def due(self, now: float) -> set[str]:
-        """The lists whose window has ended since writes were heard to them: to look at now."""
+        """The lists whose look has come: to look at now (EXISTS, and mark those holding a message)."""
         due = {key for key, at in self._later.items() if at <= now}
         for key in due:
             del self._later[key]
-            self._last[key] = now
         return due
 
     def next_at(self, default: float) -> float:
-        """When the next window ends (``default`` when none is pending)."""
+        """When the next look is due (``default`` when none is pending)."""
         return min(self._later.values(), default=default)
 
 

@@ -93,14 +93,15 @@ def test_tracking_is_on_only_in_broadcast_mode_to_our_redirect():
     assert not tracking_on([b"flags", [b"on", b"bcast", b"broken_redirect"], b"redirect", 7], 7)
 
 
-def test_a_write_after_quiet_is_marked_at_once_and_later_ones_looked_at_when_the_window_ends():
-    c = Coalescer(0.01)
-    assert c.heard({"q"}, 1.000) == {"q"}                   # a push after quiet: marked at once
-    assert c.heard({"q"}, 1.002) == set()                   # its worker's pop, within the window
-    assert c.heard({"q", "r"}, 1.004) == {"r"}              # another push to q waits too; r was quiet
-    assert c.next_at(9.0) == pytest.approx(1.010)
-    assert c.due(1.009) == set() and c.due(1.010) == {"q"}  # q looked at once (EXISTS), for both writes
+def test_every_push_is_marked_at_once_and_the_pop_a_marking_wakes_is_looked_at_when_its_window_ends():
+    c = Coalescer(0.05)
+    assert c.heard({"q"}, 1.000) == {"q"}                   # a push: marked at once
+    assert c.heard({"q"}, 1.002) == set()                   # the woken worker's pop: looked at later
+    assert c.next_at(9.0) == pytest.approx(1.050)
+    assert c.heard({"q", "r"}, 1.005) == {"q", "r"}         # another push to q, and one to r: at once
+    assert c.heard({"q"}, 1.007) == set()                   # its pop
+    assert c.due(1.049) == set() and c.due(1.050) == {"q"}  # one look for both pops
     assert c.next_at(9.0) == 9.0
-    assert c.heard({"q"}, 1.015) == set()                   # the look counts as a marking
-    assert c.due(1.020) == {"q"}
-    assert c.heard({"q"}, 1.031) == {"q"}                   # quiet for a window again
+    assert c.heard({"q"}, 1.200) == {"q"}                   # after the window: whatever it is, at once
+    assert c.heard({"q"}, 1.300) == {"q"}                   # a pop after the window is marked too (a
+    assert c.due(2.0) == set()                              # slow worker: at worst one empty fetch)
