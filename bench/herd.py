@@ -127,7 +127,8 @@ class DlqFetcher:
                      *moves.keys]
         self.next, self.took, self.heard_at, self.registered_at = FETCH, False, -HEARD_FOR, -REGISTER_EVERY
         #: Real workers start at different times: the first wait and beat are spread over their periods, so a
-        #: window of the benchmark sees their average rates, not all of them at once.
+        #: window of the benchmark sees their average rates, not all of them at once (each later wait is
+        #: U(0.5, 1) x MARKER_WAIT, as the transport's).
         self.first_wait = random.uniform(1.0, MARKER_WAIT)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -139,7 +140,7 @@ class DlqFetcher:
 
     async def step(self) -> None:
         if self.next == MARKERS:
-            wait, self.first_wait = self.first_wait or MARKER_WAIT, 0.0
+            wait, self.first_wait = self.first_wait or MARKER_WAIT * random.uniform(0.5, 1.0), 0.0
             woken = await self.client.bzpopmin([self.wake, *self.markers], timeout=wait)
             quiet = woken is None and time.monotonic() - self.heard_at < HEARD_FOR - MARKER_WAIT
             self.next = MARKERS if quiet else FETCH
@@ -240,6 +241,7 @@ async def run_n(n: int, rounds: int, idle_window: float, trickle: int, load: int
         await asyncio.sleep(8.0 + n / 100)   # connected, registered, heard, blocked
         publishers = {name: aioredis.Redis.from_url(side.server.url, protocol=2) for name, side in sides.items()}
         for _ in range(rounds):
+            await asyncio.sleep(random.uniform(0, MARKER_WAIT))   # no round in step with the waits' period
             before = {name: snapshot(side.client) for name, side in sides.items()}
             await asyncio.sleep(idle_window)
             after = {name: snapshot(side.client) for name, side in sides.items()}

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import time
 import weakref
@@ -77,6 +78,7 @@ logger = logging.getLogger(__name__)
 
 #: The longest idle wait on the wake markers (seconds): only a safety net, the listener ends it. Kept below
 #: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
+#: Each wait is U(0.5, 1) of it, so workers that went idle together do not time out together.
 MARKER_WAIT = 20.0
 #: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
 #: empties its lists then waits on the markers without asking again, and a wait that timed out waits again
@@ -216,9 +218,9 @@ class Channel(kombu_redis.Channel):
     def _dlq_marker_wait(self) -> float:
         """The idle wait on the markers, below kombu's health check of a blocked fetch where it has one."""
         check = getattr(self, "health_check_interval", None)
-        if not check:
-            return MARKER_WAIT
-        return max(1.0, min(MARKER_WAIT, float(getattr(self, "brpop_timeout", 1) or 1) + float(check) - 1.0))
+        longest = MARKER_WAIT if not check else \
+            max(1.0, min(MARKER_WAIT, float(getattr(self, "brpop_timeout", 1) or 1) + float(check) - 1.0))
+        return round(longest * random.uniform(0.5, 1.0), 3)
 
     def _dlq_log_wait(self, how: str) -> None:
         """One INFO line per channel when how it waits idle changes."""
