@@ -155,6 +155,7 @@ class FetchListener(threading.Thread):
                 logger.warning("celery-dlq: the fetch listener cannot track the queues (%s); idle fetches wait "
                                "without it (a message on a queue's second list waits up to dlq_fetch_wait); "
                                "trying again in %.0fs", exc, REFUSED_WAIT)
+                self._forget()   # an earlier listener's set: fetches must not wait on markers nobody writes
                 self._stop_event.wait(REFUSED_WAIT)
             except Exception as exc:   # the connection was lost (a Redis restart): heard again once back
                 logger.debug("celery-dlq: the fetch listener lost its connection (%s: %s); again in %.1fs",
