@@ -26,8 +26,8 @@ The thread publishes the queues it hears in ``Keys.fetch_listening`` (a SET
 living :data:`LISTENING_TTL_MS`); a fetch blocks on its markers only when
 all of its queues are there, and otherwise waits without them (the
 channel's fallback). When the lease passes to another worker (its holder
-died), the new listener marks every queue that holds a message as it
-starts, which wakes the workers blocked on the markers.
+died or stopped), the new listener marks every queue that holds a message
+as it starts, which wakes the workers blocked on the markers.
 
 Every :data:`CHECK` seconds the thread checks that tracking is still on
 (``CLIENT TRACKINGINFO``), reads the registered queues and renews the SET;
@@ -164,7 +164,6 @@ class FetchListener(threading.Thread):
                 backoff = min(backoff * 2, 5.0)
             finally:
                 self._close(pubsub, client)
-        self._forget()
 
     # -- one connection's life ------------------------------------------------------
 
@@ -200,19 +199,21 @@ class FetchListener(threading.Thread):
     def _check(self, tracker: Any, redirect: int, queues: frozenset[str],
                tracked: bool) -> tuple[frozenset[str], bool]:
         now_ms = int(self.clock() * 1000)
+        info = tracker.execute_command("CLIENT", "TRACKINGINFO")   # the tracking connection's own (no pipeline)
         pipe = tracker.pipeline(transaction=False)
         pipe.zrangebyscore(self.keys.fetch_queues, now_ms - STALE_MS, "+inf")
-        pipe.execute_command("CLIENT", "TRACKINGINFO")
         pipe.pexpire(self.keys.fetch_listening, LISTENING_TTL_MS)
-        registered, info, _ = pipe.execute()
+        registered, published = pipe.execute()
         current = frozenset(member.decode("utf-8", "surrogateescape") if isinstance(member, bytes) else member
                             for member in registered)
-        if current == queues and tracked and tracking_on(info, redirect):
-            return queues, True
         if not current:
             return current, False
-        self._track(tracker, redirect, current)
-        self._signal(tracker, set(self.watched))   # what was pushed before the tracking took
+        if not (current == queues and tracked and tracking_on(info, redirect)):
+            self._track(tracker, redirect, current)
+            self._signal(tracker, set(self.watched))   # what was pushed before the tracking took
+        elif published:
+            return queues, True
+        # tracked anew, or the set is gone (it expired, or a listener stopping as this one started took it)
         pipe = tracker.pipeline(transaction=True)
         pipe.delete(self.keys.fetch_listening)
         pipe.sadd(self.keys.fetch_listening, *sorted(current))
@@ -283,7 +284,8 @@ class FetchListener(threading.Thread):
     # -- the end ------------------------------------------------------------------
 
     def _forget(self) -> None:
-        """A stopping listener takes its SET down, so fetches wait without it at once (best effort)."""
+        """Take the SET down (tracking refused), so fetches wait without markers at once (best effort). A
+        stopping listener leaves it: the next holder's listener, starting meanwhile, may have written it."""
         client = None
         try:
             client = self.connect()

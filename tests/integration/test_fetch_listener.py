@@ -121,3 +121,59 @@ def test_a_message_wakes_one_idle_worker_however_many_wait(tmp_path, unique):
     assert total_eight <= total_one * 1.25 + 1.0, "the cost of a message does not grow with idle workers"
     for woken in ("bzpopmin", "evalsha", "blmove"):   # a herd shows here first: one per idle worker
         assert eight.get(woken, 0) <= one.get(woken, 0) + 0.5, woken
+
+
+def test_a_server_that_refuses_client_tracking_leaves_the_fallback_wait(tmp_path, unique):
+    """A managed Redis that refuses CLIENT (an ACL here): the listener says so, no listening set is left,
+    and idle workers keep the fallback wait, which still takes a message on their first list."""
+    server = RedisServer().start()
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all", "-client")
+    url = server.url.replace("redis://", "redis://worker:pw@")
+    harness = Harness(type("Server", (), {"url": url})(), tmp_path, unique)
+    try:
+        worker = harness.worker(concurrency=1)
+        worker.wait_for_log("the fetch listener cannot track the queues", timeout=60)
+        worker.wait_for_log("blocks on its first list", timeout=60)
+        assert not harness.redis.exists(f"{{{harness.prefix}}}:fetch:listening")
+        harness.send("proj.noop")
+        harness.wait_until(lambda: len(harness.deliveries()) == 1, timeout=10, message="the fallback's message")
+    finally:
+        harness.close()
+        server.stop()
+
+
+def test_the_listener_tracks_once_marks_pushes_and_keeps_its_set(tmp_path, unique, monkeypatch):
+    """The listener alone, its checks every 0.2 s: it tracks the registered queue once (not at every check),
+    marks a push to any of its lists, and writes its set again when it is gone."""
+    from celery_dlq.redis.keys import Keys, QueueLists
+    from celery_dlq.worker import fetch_listener
+    monkeypatch.setattr(fetch_listener, "CHECK", 0.2)
+    server = RedisServer().start()
+    client = redis.Redis.from_url(server.url)
+    keys, queue = Keys(f"l{unique}"), f"q{unique}"
+    client.zadd(keys.fetch_queues, {queue: time.time() * 1000})
+    listener = fetch_listener.FetchListener(lambda: redis.Redis.from_url(server.url, protocol=2), keys,
+                                            QueueLists())
+    listener.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not client.sismember(keys.fetch_listening, queue) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.sismember(keys.fetch_listening, queue)
+        client.lpush(f"{queue}\x06\x169", "x")   # a priority sub-list
+        deadline = time.monotonic() + 5
+        while not client.exists(keys.fetch_marker(queue)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.zrange(keys.fetch_marker(queue), 0, -1) == [b"m"]
+        client.delete(keys.fetch_listening)            # as a listener stopping elsewhere might
+        deadline = time.monotonic() + 5
+        while not client.sismember(keys.fetch_listening, queue) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.sismember(keys.fetch_listening, queue), "written again at the next check"
+        time.sleep(1.0)                                # five more checks
+        calls = client.info("commandstats").get("cmdstat_client|tracking", {}).get("calls")
+        assert calls == 2, "CLIENT TRACKING OFF and ON once: every check found the tracking on"
+    finally:
+        listener.stop()
+        server.stop()
