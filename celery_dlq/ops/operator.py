@@ -25,6 +25,7 @@ from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis import trends
+from celery_dlq.redis.chords import ChordLedger
 from celery_dlq.redis.client import broker_client, connect
 from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
@@ -66,6 +67,8 @@ class Operator:
         self.keys = self.store.home.keys
         self.archive = self.store.home.archive
         self.parked = ParkedRetries(self.store)
+        #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
+        self.chords = ChordLedger(self.client, self.keys)
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
 
     @property

@@ -183,6 +183,19 @@ class Keys:
         """ZSET mover id -> when it stops counting (ms): the other movers, whose count scales their tries."""
         return self.base + ":movers"
 
+    def chord_member(self, task_id: str) -> str:
+        """HASH: a dead-lettered chord member's ledger entry (``state``: waiting, released, failed, continued;
+        ``rule``, ``dlq``, ``group``, ``context`` (JSON), ``at``); never expires while ``waiting`` (redis/chords.py)."""
+        return f"{self.base}:chord:member:{task_id}"
+
+    def chord_waiting(self, group_id: str) -> str:
+        """SET: task ids of one chord's members waiting in a DLQ (its keys are kept from expiring meanwhile)."""
+        return f"{self.base}:chord:group:{group_id}"
+
+    def chord_waiting_in(self, dlq: str) -> str:
+        """SET: task ids of waiting chord members dead-lettered to ``dlq`` (a purge fails their chords)."""
+        return f"{self.base}:chord:dlq:{dlq}"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)

@@ -35,6 +35,8 @@ SCRIPT_NAMES = (
     "trend",
     "mover_lease",
     "append_events",
+    "chord_hold",
+    "chord_settle",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

@@ -205,9 +205,25 @@ class RedeliveryRequest(Request):
         else:
             reason = Reason.MAX_DELIVERY_ATTEMPTS
         retry = lambda: self._dlq_final(exc, exc_info, send_failed_event, return_ok)  # noqa: E731
-        if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False, retry=retry) is None:
+        failure = _failure(exc, exc_info.traceback)
+        if self._dlq_takeover(failure, reason, lost=False, retry=retry) is None:
             return None
+        self._dlq_tell_chord(failure)
         return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_tell_chord(self, failure) -> None:
+        """A chord member's letter is stored: apply its chord rule (the child withheld Celery's part return)."""
+        context = request_context(self)
+        if self._dlq_letter is None or not getattr(context, "chord", None):
+            return
+        ctx = self._dlq_context()
+        dlq, _, delivery = self._dlq_letter
+        try:
+            runtime_of(self.app).chords.dead_lettered(context, headers=ctx.envelope.headers, dlq=dlq,
+                                                      delivery=delivery, failure=failure, policy=ctx.policy)
+        except Exception:
+            logger.exception("celery-dlq: %s[%s] is dead-lettered, but its chord %s could not be told; "
+                             "replaying the letter completes it", self.name, self.id, context.group)
 
     def _dlq_expired(self, exc, ctx: MessageContext) -> bool:
         """Whether the child gave up because the next delivery would come after the message's ``expires``.

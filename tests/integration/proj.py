@@ -282,3 +282,18 @@ def retry_unencodable_args(self):
     """Retries with an argument JSON cannot encode (Celery's own retry() would fail to publish it)."""
     record(self)
     raise self.retry(args=(object(),), countdown=0.1)
+
+
+# -- chords (tests/integration/test_chords.py) --------------------------------
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.tsum")
+def tsum(self, values):
+    """A chord body: each run's argument is logged in ``<prefix>:body`` (the tests count the runs)."""
+    client().rpush(f"{PREFIX}:body", json.dumps(values))
+    return sum(v for v in values if isinstance(v, int))
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.chord_failed")
+def chord_failed(self, task_id):
+    """A chord body's errback (old style: the failed task's id): each run logged in ``<prefix>:errbacks``."""
+    client().rpush(f"{PREFIX}:errbacks", json.dumps({"task_id": task_id}))

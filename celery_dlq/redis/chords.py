@@ -1,0 +1,134 @@
+"""The chord ledger: dead-lettered chord members held open or settled, and settling one through the result backend.
+
+Celery records a chord's progress in its result backend (on Redis: the
+``<group>.j``/``.t``/``.s``/``.d``/``.c`` keys of ``on_chord_part_return``);
+celery-dlq never writes those itself. When a chord member is dead-lettered
+its worker withholds Celery's part return and the member is recorded here
+(:meth:`ChordLedger.hold`), in the state its rule gives it
+(:mod:`celery_dlq.workflow`):
+
+``waiting``
+    rule ``wait``: no part return yet, the chord stays open. The entry
+    never expires. The member's replay that succeeds makes the part return
+    Celery's own way and then settles the entry ``released``; a purge (or
+    retention) settles it ``failed`` and makes a FAILURE part return
+    (:func:`part_return`) naming the letter. Either settles it once
+    (``lua/chord_settle.lua``).
+``failed``, ``continued``
+    rules ``fail`` and ``continue``: the part return was made when the member
+    was dead-lettered (a FAILURE naming the DLQ, or a SUCCESS with the
+    placeholder). A replay that succeeds later makes none: the chord is
+    settled once.
+
+Everything lives in the home key set (``{<prefix>}``), so one script sees a
+member and its sets on Redis Cluster.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from celery import states
+from celery.app.task import Context
+from celery.backends.base import DisabledBackend
+
+from celery_dlq.errors import ChordMemberPurged, ConfigurationError
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import Scripts
+
+WAITING, RELEASED, FAILED, CONTINUED = "waiting", "released", "failed", "continued"
+#: How long a settled entry is kept (it stops a late copy of the member settling its chord twice).
+SETTLED_TTL_S = 7 * 24 * 3600
+
+
+def request_fields(request: Any) -> dict[str, Any]:
+    """What a part return needs of a member's request, as JSON-able fields (``id``, ``group``, ``chord``, ...)."""
+    get = request.get if hasattr(request, "get") else (lambda name, default=None: getattr(request, name, default))
+    return {name: get(name) for name in ("id", "task", "group", "group_index", "chord", "root_id", "parent_id")}
+
+
+def part_return(app: Any, fields: dict[str, Any], state: str, value: Any) -> None:
+    """Report one chord member to the app's result backend, as Celery does when a member's result is stored.
+
+    ``state`` FAILURE with an exception fails the chord (its body's errbacks
+    get a ``ChordError`` with the exception's text); SUCCESS counts the
+    member with ``value`` as its result. A backend without
+    ``on_chord_part_return`` of its own (``chord_unlock``) does nothing here.
+    """
+    app.backend.on_chord_part_return(Context(fields), state, value)
+
+
+def require_backend(app: Any, what: str) -> None:
+    """Raise before ``what`` when the app cannot tell a chord anything (no ``result_backend`` configured)."""
+    if isinstance(app.backend, DisabledBackend):
+        raise ConfigurationError(f"{what}: this app has no result_backend, so their chords cannot be told; "
+                                 "run it with the workers' result_backend setting")
+
+
+class ChordLedger:
+    """Dead-lettered chord members on our Redis (the home key set); see the module docstring."""
+
+    def __init__(self, client: Any, keys: Keys, scripts: Scripts | None = None) -> None:
+        self.client, self.keys = client, keys
+        self.scripts = scripts or Scripts(client)
+
+    def _keys(self, task_id: str, group: str, dlq: str) -> list[str]:
+        return [self.keys.chord_member(task_id), self.keys.chord_waiting(group), self.keys.chord_waiting_in(dlq)]
+
+    def hold(self, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
+             now: float | None = None) -> str:
+        """Record a dead-lettered member in ``state``; returns the state it had before ('' when new)."""
+        task_id, group = str(fields["id"]), str(fields.get("group") or "")
+        before = self.scripts.run("chord_hold", self._keys(task_id, group, dlq or ""),
+                                  [task_id, state, rule, dlq or "", group, json.dumps(fields),
+                                   repr(time.time() if now is None else now), SETTLED_TTL_S])
+        return before.decode() if isinstance(before, bytes) else str(before or "")
+
+    def state(self, task_id: str) -> str | None:
+        """The member's state, or None when it was never held."""
+        value = self.client.hget(self.keys.chord_member(task_id), "state")
+        return value.decode() if isinstance(value, bytes) else value
+
+    def entry(self, task_id: str) -> dict[str, str]:
+        """The member's ledger entry (empty when never held), context left as JSON."""
+        raw = self.client.hgetall(self.keys.chord_member(task_id))
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in raw.items()}
+
+    def settle(self, task_id: str, state: str, *, only_in: str | None = None) -> dict[str, Any] | None:
+        """Settle a waiting member (``released`` or ``failed``) once; its request fields when this call did."""
+        entry = self.entry(task_id)
+        if entry.get("state") != WAITING:
+            return None
+        found = self.scripts.run("chord_settle", self._keys(task_id, entry.get("group", ""), entry.get("dlq", "")),
+                                 [task_id, state, SETTLED_TTL_S, only_in or ""])
+        return json.loads(found) if found else None
+
+    def waiting(self, group: str) -> int:
+        """How many of a chord's members wait in a DLQ."""
+        return int(self.client.scard(self.keys.chord_waiting(group)))
+
+    def waiting_in(self, dlq: str) -> int:
+        """How many waiting chord members were dead-lettered to ``dlq``."""
+        return int(self.client.scard(self.keys.chord_waiting_in(dlq)))
+
+
+def fail_purged(ledger: ChordLedger, app: Any, letters: list[tuple[str, str]], *, dlq: str,
+                why: str = "purged") -> int:
+    """Fail the chords of waiting members whose letters (``(task_id, task_name)``) left ``dlq`` for good.
+
+    One path for a purge and for retention: each member is settled once, and
+    its chord gets a FAILURE part return naming the DLQ and the letter. Returns
+    how many chords were failed.
+    """
+    failed = 0
+    for task_id, task in letters:
+        fields = ledger.settle(task_id, FAILED, only_in=dlq)
+        if fields is None:
+            continue
+        part_return(app, fields, states.FAILURE, ChordMemberPurged(
+            f"chord member {task or fields.get('task') or 'task'}[{task_id}] {why} from {dlq} "
+            f"(letter {task_id}) while its chord waited for its replay"))
+        failed += 1
+    return failed

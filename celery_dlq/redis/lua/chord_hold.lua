@@ -1,0 +1,35 @@
+-- chord_hold.lua: record a dead-lettered chord member in the chord ledger, in the state its rule gives it.
+--
+-- KEYS[1] = member   (HASH) the member's ledger entry (keys.chord_member): state, rule, dlq, group, context, at
+-- KEYS[2] = group    (SET)  the chord's waiting members (keys.chord_waiting)
+-- KEYS[3] = dlq      (SET)  the waiting members dead-lettered to this DLQ (keys.chord_waiting_in)
+--
+-- ARGV[1] = the member's task id
+-- ARGV[2] = its new state: waiting (rule wait), failed (rule fail) or continued (rule continue)
+-- ARGV[3] = its rule
+-- ARGV[4] = its DLQ ('' when dropped)
+-- ARGV[5] = its chord's group id
+-- ARGV[6] = its request context (JSON: id, task, group, group_index, chord), to settle it later
+-- ARGV[7] = now (unix seconds)
+-- ARGV[8] = seconds a settled entry is kept
+--
+-- Returns the state it had before ('' when new). A member already settled (released, failed, continued)
+-- keeps its state: a chord is settled once, whatever copy of the member fails later. A waiting entry never
+-- expires.
+
+local before = redis.call('HGET', KEYS[1], 'state') or ''
+if before ~= '' and before ~= 'waiting' then
+    return before
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'rule', ARGV[3], 'dlq', ARGV[4], 'group', ARGV[5],
+           'context', ARGV[6], 'at', ARGV[7])
+if ARGV[2] == 'waiting' then
+    redis.call('PERSIST', KEYS[1])
+    redis.call('SADD', KEYS[2], ARGV[1])
+    redis.call('SADD', KEYS[3], ARGV[1])
+else
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[8]))
+    redis.call('SREM', KEYS[2], ARGV[1])
+    redis.call('SREM', KEYS[3], ARGV[1])
+end
+return before

@@ -1,0 +1,180 @@
+"""Workflows and dead letters (docs/workflows.md): a chord whose member is dead-lettered, under each rule.
+
+Real prefork worker, Redis broker and Redis result backend. The header is
+three ``proj.noop`` (results 0, 1, 2) and one ``proj.fixed_by_flag``, which
+fails while ``<prefix>:broken`` exists (2 deliveries, then dead-lettered)
+and returns its delivery number once fixed (1 on a replay). The body
+``proj.tsum`` logs each run's argument in ``<prefix>:body``; the body's
+errback ``proj.chord_failed`` logs each run in ``<prefix>:errbacks``.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from celery import chain, chord
+
+from celery_dlq.redis.keys import Keys
+from celery_dlq.workflow import chord_rule, is_placeholder
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def chords(harness):
+    """The harness with a Redis result backend on both sides (``conf``: more worker settings)."""
+    harness.app.conf.result_backend = harness.broker
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"result_backend": harness.broker})
+    harness.redis.set(f"{harness.prefix}:broken", 1)
+    return harness
+
+
+def body_runs(h) -> list:
+    return [json.loads(r) for r in h.redis.lrange(f"{h.prefix}:body", 0, -1)]
+
+
+def errbacks(h) -> list:
+    return [json.loads(r) for r in h.redis.lrange(f"{h.prefix}:errbacks", 0, -1)]
+
+
+def member_state(h, task_id: str) -> str | None:
+    value = h.redis.hget(Keys(h.prefix).chord_member(task_id), "state")
+    return value.decode() if value else None
+
+
+def apply_chord(h, rule: str | None = None):
+    """The chord; returns (the body's result, the failing member's id)."""
+    sig = h.app.signature
+    options = {"headers": chord_rule(rule)} if rule else {}
+    header = [sig("proj.noop", args=(i,)) for i in range(3)] + [sig("proj.fixed_by_flag", args=(99,), **options)]
+    result = chord(header)(sig("proj.tsum").on_error(sig("proj.chord_failed")))
+    # A fresh handle on the body's result: the chord's own would re-raise a failed member's error.
+    return h.app.AsyncResult(result.id), result.parent.results[-1].id
+
+
+def dead_lettered(h, member: str, state: str) -> None:
+    """Waits until the member is in the DLQ and its ledger entry is in ``state``; the other members done."""
+    h.wait_until(lambda: member_state(h, member) == state, message=f"member {state}")
+    assert [letter["headers"]["id"] for letter in h.dead_letters()] == [member]
+    h.wait_until(lambda: len(h.deliveries()) == 3 + 2, message="the three noops ran, the member twice")
+
+
+def replay(h) -> None:
+    h.redis.delete(f"{h.prefix}:broken")   # the fix is deployed
+    done = h.dlq("replay", f"DLQ.{h.queue}", "--all", conf={"result_backend": h.broker})
+    assert done.returncode == 0, done.stderr
+
+
+def settled(h, member: str, runs: int) -> None:
+    """Positive signal before asserting what did NOT happen: the member ran ``runs`` times, the queue drained."""
+    h.wait_until(lambda: len(h.deliveries(member)) == runs, message=f"{runs} runs of the member")
+    time.sleep(0.3)
+    h.after_a_mover_pass()
+
+
+def test_wait_is_the_default_and_the_replay_runs_the_body_once_with_every_result(chords):
+    h = chords
+    h.worker()
+    result, member = apply_chord(h)
+    dead_lettered(h, member, "waiting")
+    settled(h, member, 2)
+    assert body_runs(h) == [] and errbacks(h) == []
+    assert result.state == "PENDING"
+    replay(h)
+    assert result.get(timeout=30) == 0 + 1 + 2 + 1
+    assert body_runs(h) == [[0, 1, 2, 1]]      # in header order, the replayed member's own result last
+    assert member_state(h, member) == "released"
+    assert errbacks(h) == []
+
+
+def test_a_double_replay_runs_the_body_once(chords):
+    """A replay killed after its publish and run again: two copies of the member succeed, one body."""
+    h = chords
+    h.worker()
+    result, member = apply_chord(h, "wait")
+    dead_lettered(h, member, "waiting")
+    letter = h.redis.lrange(f"DLQ.{h.queue}", 0, -1)
+    replay(h)
+    assert result.get(timeout=30) == 4
+    h.redis.lpush(f"DLQ.{h.queue}", *letter)          # the letter back, as a killed replay leaves it
+    replay(h)
+    settled(h, member, 4)
+    assert body_runs(h) == [[0, 1, 2, 1]]
+    assert errbacks(h) == []
+
+
+def test_fail_fails_the_chord_now_naming_the_dlq_and_the_letter(chords):
+    h = chords
+    h.worker()
+    result, member = apply_chord(h, "fail")
+    dead_lettered(h, member, "failed")
+    h.wait_until(lambda: len(errbacks(h)) == 1, message="the body's errback")
+    h.wait_until(lambda: result.state == "FAILURE", message="the body failed")
+    text = str(result.result)
+    assert f"DLQ.{h.queue}" in text and f"letter {member}" in text and "ChordMemberDeadLettered" in text, text
+    replay(h)                                       # the member succeeds; the chord was settled
+    settled(h, member, 3)
+    assert body_runs(h) == []
+    assert len(errbacks(h)) == 1
+
+
+def test_continue_runs_the_body_now_with_a_placeholder(chords):
+    h = chords
+    h.worker()
+    result, member = apply_chord(h, "continue")
+    dead_lettered(h, member, "continued")
+    assert result.get(timeout=30) == 3
+    [values] = body_runs(h)
+    assert values[:3] == [0, 1, 2] and is_placeholder(values[3])
+    assert values[3]["task_id"] == member and values[3]["dlq"] == f"DLQ.{h.queue}"
+    assert values[3]["task"] == "proj.fixed_by_flag" and "RuntimeError" in values[3]["exception"]
+    replay(h)
+    settled(h, member, 3)
+    assert len(body_runs(h)) == 1 and errbacks(h) == []
+
+
+def test_purging_a_waiting_member_fails_its_chord_once(chords):
+    h = chords
+    h.worker()
+    result, member = apply_chord(h, "wait")
+    dead_lettered(h, member, "waiting")
+    refused = h.dlq("purge", f"DLQ.{h.queue}", "--all", "--force")    # an operator app without the backend
+    assert refused.returncode != 0 and "result_backend" in refused.stderr, refused.stderr
+    assert len(h.dead_letters()) == 1 and member_state(h, member) == "waiting"
+    done = h.dlq("purge", f"DLQ.{h.queue}", "--all", "--force", conf={"result_backend": h.broker})
+    assert done.returncode == 0, done.stderr
+    h.wait_until(lambda: len(errbacks(h)) == 1, message="the body's errback")
+    assert member_state(h, member) == "failed"
+    h.wait_until(lambda: result.state == "FAILURE", message="the body failed")
+    assert "purged" in str(result.result) and f"DLQ.{h.queue}" in str(result.result)
+    h.after_a_mover_pass()
+    assert body_runs(h) == [] and len(errbacks(h)) == 1
+
+
+def test_a_waiting_chord_outlives_result_expires(chords):
+    h = chords
+    conf = {"result_backend": h.broker, "result_expires": 1}
+    h.app.conf.result_expires = 1
+    h.extra_env["DLQ_TEST_CONF"] = json.dumps(conf)
+    h.worker()
+    result, member = apply_chord(h)
+    dead_lettered(h, member, "waiting")
+    settled(h, member, 2)
+    time.sleep(2.2)                                  # past every expiry the chord's keys were given
+    group = h.redis.hget(Keys(h.prefix).chord_member(member), "group").decode()
+    for suffix in (".j", ".s"):                     # Celery's layout (celery_dlq/internals/celery_backend.py)
+        assert h.redis.ttl(f"celery-taskset-meta-{group}{suffix}") == -1, suffix
+    replay(h)
+    assert result.get(timeout=30) == 4
+    assert body_runs(h) == [[0, 1, 2, 1]]
+
+
+def test_a_chain_resumes_after_its_dead_lettered_step_is_replayed(chords):
+    h = chords
+    h.worker()
+    sig = h.app.signature
+    result = chain(sig("proj.noop", args=(5,)), sig("proj.fixed_by_flag"), sig("proj.noop")).apply_async()
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the middle step dead-lettered")
+    replay(h)
+    assert result.get(timeout=30) == 1              # the step's result on its replay, passed on by the last
