@@ -178,3 +178,20 @@ def test_a_chain_resumes_after_its_dead_lettered_step_is_replayed(chords):
     h.wait_until(lambda: len(h.dead_letters()) == 1, message="the middle step dead-lettered")
     replay(h)
     assert result.get(timeout=30) == 1              # the step's result on its replay, passed on by the last
+
+
+def test_retention_dropping_a_waiting_member_fails_its_chord_once(chords):
+    h = chords
+    h.extra_env["DLQ_TEST_CONF"] = json.dumps({
+        "result_backend": h.broker, "dlq_task_policies": {"proj.always_fails": {"dead_letter_max_length": 1}}})
+    h.worker()
+    result, member = apply_chord(h)
+    dead_lettered(h, member, "waiting")
+    h.send("proj.always_fails")                  # its dead letter trims the DLQ to one: the member's goes
+    h.wait_until(lambda: len(errbacks(h)) == 1, message="the body's errback")
+    assert member_state(h, member) == "failed"
+    assert [letter["headers"]["task"] for letter in h.dead_letters()] == ["proj.always_fails"]
+    h.wait_until(lambda: result.state == "FAILURE", message="the body failed")
+    assert "dropped by retention (max_length)" in str(result.result)
+    h.after_a_mover_pass()
+    assert body_runs(h) == [] and len(errbacks(h)) == 1
