@@ -31,7 +31,7 @@ from typing import Any
 
 from celery import states
 from celery.app.task import Context
-from celery.backends.base import DisabledBackend
+from celery.backends.base import Backend, DisabledBackend
 
 from celery_dlq.errors import ChordMemberPurged, ConfigurationError
 from celery_dlq.redis.keys import Keys
@@ -48,15 +48,45 @@ def request_fields(request: Any) -> dict[str, Any]:
     return {name: get(name) for name in ("id", "task", "group", "group_index", "chord", "root_id", "parent_id")}
 
 
-def part_return(app: Any, fields: dict[str, Any], state: str, value: Any) -> None:
-    """Report one chord member to the app's result backend, as Celery does when a member's result is stored.
+def uses_chord_unlock(backend: Any) -> bool:
+    """Whether the backend joins chords by polling (``celery.chord_unlock``: the database backend, ...).
+
+    Celery's base ``Backend.apply_chord`` sends ``chord_unlock``; the Redis
+    backend and the key-value backends that count parts (``implements_incr``)
+    replace it with their own and report parts in ``on_chord_part_return``.
+    """
+    return getattr(type(backend), "apply_chord", None) is Backend.apply_chord and \
+        getattr(backend.apply_chord, "__func__", None) is Backend.apply_chord
+
+
+def part_return(app: Any, fields: dict[str, Any], state: str, value: Any, unlock: str = "") -> None:
+    """Tell a chord one member's outcome, as Celery does when a member's result is stored.
 
     ``state`` FAILURE with an exception fails the chord (its body's errbacks
     get a ``ChordError`` with the exception's text); SUCCESS counts the
-    member with ``value`` as its result. A backend without
-    ``on_chord_part_return`` of its own (``chord_unlock``) does nothing here.
+    member with ``value`` as its result. A backend that reports parts
+    (Redis) gets ``on_chord_part_return``; one that polls
+    (``chord_unlock``) gets the member's result stored, and its parked
+    ``chord_unlock`` call (``unlock``) is sent again to join the chord.
     """
-    app.backend.on_chord_part_return(Context(fields), state, value)
+    backend = app.backend
+    if not uses_chord_unlock(backend):
+        backend.on_chord_part_return(Context(fields), state, value)
+        return
+    backend.store_result(fields["id"], value, state)
+    resume_unlock(app, unlock)
+
+
+def resume_unlock(app: Any, unlock: str) -> None:
+    """Send a parked ``celery.chord_unlock`` call again (nothing when ``unlock`` is empty)."""
+    if not unlock:
+        return
+    call = json.loads(unlock)
+    app.send_task("celery.chord_unlock", args=call["args"], kwargs=call["kwargs"], queue=call.get("queue"))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
 def require_backend(app: Any, what: str) -> None:
@@ -74,16 +104,37 @@ class ChordLedger:
         self.scripts = scripts or Scripts(client)
 
     def _keys(self, task_id: str, group: str, dlq: str) -> list[str]:
-        return [self.keys.chord_member(task_id), self.keys.chord_waiting(group), self.keys.chord_waiting_in(dlq)]
+        return [self.keys.chord_member(task_id), self.keys.chord_waiting(group), self.keys.chord_waiting_in(dlq),
+                self.keys.chord_unlock(group)]
+
+    def dying(self, task_id: str, group: str) -> None:
+        """In the child, as a member's last failure is raised: its chord counts it as waiting already.
+
+        Celery stores the member's FAILURE before the worker's main process
+        stores the dead letter and applies the rule; a ``chord_unlock`` that
+        polls in between finds the member waiting and parks, instead of
+        failing the chord.
+        """
+        self.client.sadd(self.keys.chord_waiting(group), task_id)
 
     def hold(self, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
-             now: float | None = None) -> str:
-        """Record a dead-lettered member in ``state``; returns the state it had before ('' when new)."""
+             now: float | None = None) -> tuple[str, str]:
+        """Record a dead-lettered member in ``state``.
+
+        Returns the state it had before ('' when new) and the chord's parked
+        ``chord_unlock`` call when this settled its last waiting member ('' if none).
+        """
         task_id, group = str(fields["id"]), str(fields.get("group") or "")
-        before = self.scripts.run("chord_hold", self._keys(task_id, group, dlq or ""),
-                                  [task_id, state, rule, dlq or "", group, json.dumps(fields),
-                                   repr(time.time() if now is None else now), SETTLED_TTL_S])
-        return before.decode() if isinstance(before, bytes) else str(before or "")
+        before, unlock = self.scripts.run("chord_hold", self._keys(task_id, group, dlq or ""),
+                                          [task_id, state, rule, dlq or "", group, json.dumps(fields),
+                                           repr(time.time() if now is None else now), SETTLED_TTL_S])
+        return _text(before), _text(unlock)
+
+    def park_unlock(self, group: str, call: dict[str, Any]) -> bool:
+        """Park a chord's ``chord_unlock`` call while one of its members waits; False when none waits."""
+        return bool(self.scripts.run("chord_park_unlock",
+                                     [self.keys.chord_waiting(group), self.keys.chord_unlock(group)],
+                                     [json.dumps(call)]))
 
     def state(self, task_id: str) -> str | None:
         """The member's state, or None when it was never held."""
@@ -96,14 +147,21 @@ class ChordLedger:
         return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                 for k, v in raw.items()}
 
-    def settle(self, task_id: str, state: str, *, only_in: str | None = None) -> dict[str, Any] | None:
-        """Settle a waiting member (``released`` or ``failed``) once; its request fields when this call did."""
+    def settle(self, task_id: str, state: str, *,
+               only_in: str | None = None) -> tuple[dict[str, Any], str] | None:
+        """Settle a waiting member (``released`` or ``failed``) once.
+
+        Returns its request fields and the chord's parked ``chord_unlock`` call
+        ('' if none, or other members still wait) when this call settled it.
+        """
         entry = self.entry(task_id)
         if entry.get("state") != WAITING:
             return None
         found = self.scripts.run("chord_settle", self._keys(task_id, entry.get("group", ""), entry.get("dlq", "")),
                                  [task_id, state, SETTLED_TTL_S, only_in or ""])
-        return json.loads(found) if found else None
+        if not found:
+            return None
+        return json.loads(found[0]), _text(found[1])
 
     def waiting(self, group: str) -> int:
         """How many of a chord's members wait in a DLQ."""
@@ -124,11 +182,12 @@ def fail_purged(ledger: ChordLedger, app: Any, letters: list[tuple[str, str]], *
     """
     failed = 0
     for task_id, task in letters:
-        fields = ledger.settle(task_id, FAILED, only_in=dlq)
-        if fields is None:
+        settled = ledger.settle(task_id, FAILED, only_in=dlq)
+        if settled is None:
             continue
+        fields, unlock = settled
         part_return(app, fields, states.FAILURE, ChordMemberPurged(
             f"chord member {task or fields.get('task') or 'task'}[{task_id}] {why} from {dlq} "
-            f"(letter {task_id}) while its chord waited for its replay"))
+            f"(letter {task_id}) while its chord waited for its replay"), unlock)
         failed += 1
     return failed

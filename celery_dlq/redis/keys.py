@@ -196,6 +196,11 @@ class Keys:
         """SET: task ids of waiting chord members dead-lettered to ``dlq`` (a purge fails their chords)."""
         return f"{self.base}:chord:dlq:{dlq}"
 
+    def chord_unlock(self, group_id: str) -> str:
+        """STRING (JSON): Celery's ``celery.chord_unlock`` call for a chord that waits, parked instead of
+        polling every ``result_chord_retry_interval``; sent again when its last waiting member is settled."""
+        return f"{self.base}:chord:unlock:{group_id}"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)

@@ -20,7 +20,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
 from celery_dlq.message import queue_of
-from celery_dlq.worker import chords
+from celery_dlq.worker.chords import RELEASE
 from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
 
@@ -119,13 +119,13 @@ class RedeliveryTask(Task):
         except (Retry, Ignore, Reject):
             raise  # the task's own say (retry, replace(), reject): never a failed delivery
         except MessageExpired:
-            chords.withhold(request)  # a retry past expiry: the last failure, dead-lettered
+            runtime_of(self.app).chords.withhold(request)  # a retry past expiry: the last failure, dead-lettered
             raise
         except Exception as exc:
             delay = None if exc is getattr(request, EXPIRED_RETRY, None) else self._redelivery_delay(exc)
             if delay is None:
                 # The last failure: the worker dead-letters the message, then tells a chord (worker/chords.py).
-                chords.withhold(request)
+                runtime_of(self.app).chords.withhold(request)
                 raise
             # No traceback: a parked copy keeps "Type: message" only, and the
             # pool would pickle a formatted traceback across for nothing.
@@ -137,7 +137,7 @@ class RedeliveryTask(Task):
     def after_return(self, status, retval, task_id, args, kwargs, einfo):
         """After a chord member's success was recorded: settle its replay, keep a waiting chord's keys."""
         request = self.request
-        if status == states.SUCCESS and (request.chord or getattr(request, chords.RELEASE, False)) \
+        if status == states.SUCCESS and (request.chord or getattr(request, RELEASE, False)) \
                 and not (request.called_directly or request.is_eager):
             runtime_of(self.app).chords.after_success(request)
 

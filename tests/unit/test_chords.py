@@ -1,6 +1,8 @@
 """The chord ledger (redis/chords.py and its two scripts) and the pure chord model (workflow.py, policy)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from celery_dlq import headers as H
@@ -23,7 +25,7 @@ def ledger(any_redis, unique):
 
 
 def test_a_waiting_member_never_expires_and_is_counted_in_its_chord_and_dlq(ledger):
-    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q", now=1.0) == ""
+    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q", now=1.0) == ("", "")
     assert ledger.state("t1") == "waiting"
     assert ledger.client.ttl(ledger.keys.chord_member("t1")) == -1
     assert ledger.waiting("g1") == 1 and ledger.waiting_in("DLQ.q") == 1
@@ -31,7 +33,7 @@ def test_a_waiting_member_never_expires_and_is_counted_in_its_chord_and_dlq(ledg
 
 def test_a_replay_and_a_purge_settle_a_waiting_member_once(ledger):
     ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q")
-    assert ledger.settle("t1", "released") == member()
+    assert ledger.settle("t1", "released") == (member(), "")
     assert ledger.settle("t1", "failed", only_in="DLQ.q") is None      # the purge lost the race
     assert ledger.state("t1") == "released"
     assert ledger.waiting("g1") == 0 and ledger.waiting_in("DLQ.q") == 0
@@ -45,15 +47,35 @@ def test_a_purge_of_another_dlq_settles_nothing(ledger):
 
 
 def test_a_settled_member_keeps_its_state_when_a_later_copy_fails_again(ledger):
-    assert ledger.hold(member(), state="continued", rule="continue", dlq="DLQ.q") == ""
-    assert ledger.hold(member(), state="failed", rule="fail", dlq="DLQ.q") == "continued"
+    assert ledger.hold(member(), state="continued", rule="continue", dlq="DLQ.q") == ("", "")
+    assert ledger.hold(member(), state="failed", rule="fail", dlq="DLQ.q") == ("continued", "")
     assert ledger.state("t1") == "continued" and ledger.waiting("g1") == 0
 
 
 def test_a_waiting_member_dead_lettered_again_still_waits(ledger):
     ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q")
-    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q") == "waiting"
+    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q") == ("waiting", "")
     assert ledger.waiting("g1") == 1
+
+
+def test_chord_unlock_is_parked_while_a_member_waits_and_handed_back_by_the_last_settle(ledger):
+    call = {"args": ["g1", {"task": "proj.tsum"}], "kwargs": {"interval": 1}, "queue": "q"}
+    assert not ledger.park_unlock("g1", call)                  # nobody waits: chord_unlock runs as usual
+    ledger.dying("t1", "g1")                                   # the child, raising the last failure
+    assert ledger.park_unlock("g1", call)
+    ledger.hold(member("t1"), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold(member("t2"), state="waiting", rule="wait", dlq="DLQ.q")
+    assert ledger.settle("t1", "released")[1] == ""            # t2 still waits: the call stays parked
+    fields, unlock = ledger.settle("t2", "failed")
+    assert json.loads(unlock) == call and fields["id"] == "t2"
+    assert not ledger.client.exists(ledger.keys.chord_unlock("g1"))
+
+
+def test_a_fail_or_continue_hold_hands_back_the_call_its_dying_member_parked(ledger):
+    call = {"args": ["g1"], "kwargs": {}, "queue": "q"}
+    ledger.dying("t1", "g1")
+    assert ledger.park_unlock("g1", call)
+    assert ledger.hold(member("t1"), state="continued", rule="continue", dlq="DLQ.q") == ("", json.dumps(call))
 
 
 def test_request_fields_read_a_context_or_a_mapping():

@@ -1,8 +1,9 @@
 -- chord_hold.lua: record a dead-lettered chord member in the chord ledger, in the state its rule gives it.
 --
--- KEYS[1] = member   (HASH) the member's ledger entry (keys.chord_member): state, rule, dlq, group, context, at
--- KEYS[2] = group    (SET)  the chord's waiting members (keys.chord_waiting)
--- KEYS[3] = dlq      (SET)  the waiting members dead-lettered to this DLQ (keys.chord_waiting_in)
+-- KEYS[1] = member   (HASH)   the member's ledger entry (keys.chord_member): state, rule, dlq, group, context, at
+-- KEYS[2] = group    (SET)    the chord's waiting members (keys.chord_waiting)
+-- KEYS[3] = dlq      (SET)    the waiting members dead-lettered to this DLQ (keys.chord_waiting_in)
+-- KEYS[4] = unlock   (STRING) the chord's parked celery.chord_unlock call (keys.chord_unlock)
 --
 -- ARGV[1] = the member's task id
 -- ARGV[2] = its new state: waiting (rule wait), failed (rule fail) or continued (rule continue)
@@ -13,16 +14,18 @@
 -- ARGV[7] = now (unix seconds)
 -- ARGV[8] = seconds a settled entry is kept
 --
--- Returns the state it had before ('' when new). A member already settled (released, failed, continued)
--- keeps its state: a chord is settled once, whatever copy of the member fails later. A waiting entry never
--- expires.
+-- Returns {the state it had before ('' when new), the parked chord_unlock call to send again ('' if none)}.
+-- A member already settled (released, failed, continued) keeps its state: a chord is settled once, whatever
+-- copy of the member fails later. A waiting entry never expires. Settling the chord's last waiting member
+-- takes its parked chord_unlock call (chord_unlock backends).
 
 local before = redis.call('HGET', KEYS[1], 'state') or ''
 if before ~= '' and before ~= 'waiting' then
-    return before
+    return {before, ''}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'rule', ARGV[3], 'dlq', ARGV[4], 'group', ARGV[5],
            'context', ARGV[6], 'at', ARGV[7])
+local unlock = ''
 if ARGV[2] == 'waiting' then
     redis.call('PERSIST', KEYS[1])
     redis.call('SADD', KEYS[2], ARGV[1])
@@ -31,5 +34,9 @@ else
     redis.call('EXPIRE', KEYS[1], tonumber(ARGV[8]))
     redis.call('SREM', KEYS[2], ARGV[1])
     redis.call('SREM', KEYS[3], ARGV[1])
+    if redis.call('SCARD', KEYS[2]) == 0 then
+        unlock = redis.call('GET', KEYS[4]) or ''
+        redis.call('DEL', KEYS[4])
+    end
 end
-return before
+return {before, unlock}
