@@ -21,11 +21,27 @@ from celery_dlq.workflow import chord_rule, is_placeholder
 pytestmark = pytest.mark.integration
 
 
+def result_backend(h, kind: str) -> str:
+    return h.broker if kind == "redis" else f"db+sqlite:///{h.tmp_path}/results.sqlite"
+
+
 @pytest.fixture
 def chords(harness):
-    """The harness with a Redis result backend on both sides (``conf``: more worker settings)."""
-    harness.app.conf.result_backend = harness.broker
-    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"result_backend": harness.broker})
+    """The harness with a Redis result backend on both sides."""
+    return _chords(harness, "redis")
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def any_backend(request, harness):
+    """The harness with the Redis result backend (parts counted by on_chord_part_return), then with
+    SQLite (the database backend: chords joined by celery.chord_unlock)."""
+    return _chords(harness, request.param)
+
+
+def _chords(harness, kind: str):
+    harness.backend = backend = result_backend(harness, kind)
+    harness.app.conf.result_backend = backend
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({"result_backend": backend})
     harness.redis.set(f"{harness.prefix}:broken", 1)
     return harness
 
@@ -62,7 +78,7 @@ def dead_lettered(h, member: str, state: str) -> None:
 
 def replay(h) -> None:
     h.redis.delete(f"{h.prefix}:broken")   # the fix is deployed
-    done = h.dlq("replay", f"DLQ.{h.queue}", "--all", conf={"result_backend": h.broker})
+    done = h.dlq("replay", f"DLQ.{h.queue}", "--all", conf={"result_backend": h.backend})
     assert done.returncode == 0, done.stderr
 
 
@@ -73,14 +89,20 @@ def settled(h, member: str, runs: int) -> None:
     h.after_a_mover_pass()
 
 
-def test_wait_is_the_default_and_the_replay_runs_the_body_once_with_every_result(chords):
-    h = chords
+def test_wait_is_the_default_and_the_replay_runs_the_body_once_with_every_result(any_backend):
+    h = any_backend
     h.worker()
     result, member = apply_chord(h)
     dead_lettered(h, member, "waiting")
     settled(h, member, 2)
     assert body_runs(h) == [] and errbacks(h) == []
     assert result.state == "PENDING"
+    if h.backend.startswith("db+"):           # chord_unlock parked, not polling each second meanwhile
+        group = h.redis.hget(Keys(h.prefix).chord_member(member), "group").decode()
+        h.wait_until(lambda: h.redis.exists(Keys(h.prefix).chord_unlock(group)), message="chord_unlock parked")
+        polls = h.workers[0].log().count("celery.chord_unlock")
+        time.sleep(2.5)
+        assert h.workers[0].log().count("celery.chord_unlock") == polls
     replay(h)
     assert result.get(timeout=30) == 0 + 1 + 2 + 1
     assert body_runs(h) == [[0, 1, 2, 1]]      # in header order, the replayed member's own result last
@@ -88,9 +110,9 @@ def test_wait_is_the_default_and_the_replay_runs_the_body_once_with_every_result
     assert errbacks(h) == []
 
 
-def test_a_double_replay_runs_the_body_once(chords):
+def test_a_double_replay_runs_the_body_once(any_backend):
     """A replay killed after its publish and run again: two copies of the member succeed, one body."""
-    h = chords
+    h = any_backend
     h.worker()
     result, member = apply_chord(h, "wait")
     dead_lettered(h, member, "waiting")
@@ -104,8 +126,8 @@ def test_a_double_replay_runs_the_body_once(chords):
     assert errbacks(h) == []
 
 
-def test_fail_fails_the_chord_now_naming_the_dlq_and_the_letter(chords):
-    h = chords
+def test_fail_fails_the_chord_now_naming_the_dlq_and_the_letter(any_backend):
+    h = any_backend
     h.worker()
     result, member = apply_chord(h, "fail")
     dead_lettered(h, member, "failed")
@@ -119,8 +141,8 @@ def test_fail_fails_the_chord_now_naming_the_dlq_and_the_letter(chords):
     assert len(errbacks(h)) == 1
 
 
-def test_continue_runs_the_body_now_with_a_placeholder(chords):
-    h = chords
+def test_continue_runs_the_body_now_with_a_placeholder(any_backend):
+    h = any_backend
     h.worker()
     result, member = apply_chord(h, "continue")
     dead_lettered(h, member, "continued")
@@ -134,15 +156,15 @@ def test_continue_runs_the_body_now_with_a_placeholder(chords):
     assert len(body_runs(h)) == 1 and errbacks(h) == []
 
 
-def test_purging_a_waiting_member_fails_its_chord_once(chords):
-    h = chords
+def test_purging_a_waiting_member_fails_its_chord_once(any_backend):
+    h = any_backend
     h.worker()
     result, member = apply_chord(h, "wait")
     dead_lettered(h, member, "waiting")
     refused = h.dlq("purge", f"DLQ.{h.queue}", "--all", "--force")    # an operator app without the backend
     assert refused.returncode != 0 and "result_backend" in refused.stderr, refused.stderr
     assert len(h.dead_letters()) == 1 and member_state(h, member) == "waiting"
-    done = h.dlq("purge", f"DLQ.{h.queue}", "--all", "--force", conf={"result_backend": h.broker})
+    done = h.dlq("purge", f"DLQ.{h.queue}", "--all", "--force", conf={"result_backend": h.backend})
     assert done.returncode == 0, done.stderr
     h.wait_until(lambda: len(errbacks(h)) == 1, message="the body's errback")
     assert member_state(h, member) == "failed"
