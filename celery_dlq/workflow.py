@@ -96,6 +96,14 @@ def membership(headers: Mapping[str, Any], embed: Any) -> dict[str, Any] | None:
     return out or None
 
 
+_STATES = {
+    "waiting": "the chord waits for this letter's replay ({waiting} member(s) in DLQs)",
+    "failed": "the chord failed (rule fail, or the letter was purged)",
+    "continued": "the body ran without it (rule continue)",
+    "released": "the chord completed with its replay",
+}
+
+
 def summary(info: Mapping[str, Any] | None) -> str:
     """One line for ``celery dlq show``: "member 4 of chord 66d7...; body tsum" / "chain: next record (2 left)"."""
     if not info:
@@ -105,6 +113,9 @@ def summary(info: Mapping[str, Any] | None) -> str:
     if chord:
         member = f"member {chord['member']} of " if chord.get("member") else "member of "
         parts.append(f"{member}chord {chord.get('group')}; body {chord.get('body')}")
+        state = _STATES.get(chord.get("state") or "")
+        if state:
+            parts.append(state.format(waiting=chord.get("waiting", 0)))
     chain = info.get("chain")
     if chain:
         parts.append(f"chain: next {chain['next']} ({chain['remaining']} step(s) left)")

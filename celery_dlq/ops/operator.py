@@ -221,6 +221,20 @@ class Operator:
                 pipe.delete(*keys[start:start + 1000])
         pipe.execute()
 
+    def details(self, letter: DeadLetter) -> dict:
+        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.
+
+        ``workflow["chord"]`` gains ``state`` (``waiting``: the chord waits for
+        this letter's replay; ``failed``, ``continued``: settled by its rule;
+        None: never held) and ``waiting`` (the chord's members in DLQs).
+        """
+        out = letter.as_dict()
+        chord = (out.get("workflow") or {}).get("chord")
+        if chord is not None and letter.task_id:
+            chord["state"] = self.chords.state(letter.task_id)
+            chord["waiting"] = self.chords.waiting(chord["group"]) if chord.get("group") else 0
+        return out
+
     def count(self, stat: str, n: int) -> None:
         if n:
             self.client.hincrby(self.keys.stats, stat, n)

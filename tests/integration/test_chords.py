@@ -10,6 +10,8 @@ errback ``proj.chord_failed`` logs each run in ``<prefix>:errbacks``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -217,3 +219,42 @@ def test_retention_dropping_a_waiting_member_fails_its_chord_once(chords):
     assert "dropped by retention (max_length)" in str(result.result)
     h.after_a_mover_pass()
     assert body_runs(h) == [] and len(errbacks(h)) == 1
+
+
+def test_show_says_which_chord_a_letter_belongs_to_and_what_its_chord_waits_for(chords):
+    h = chords
+    h.worker()
+    result, member = apply_chord(h)
+    dead_lettered(h, member, "waiting")
+    [details] = h.dlq_json("show", member)
+    chord = details["workflow"]["chord"]
+    assert chord["member"] == 4 and chord["body"] == "proj.tsum" and chord["state"] == "waiting"
+    assert chord["waiting"] == 1
+    assert chord["group"] == h.redis.hget(Keys(h.prefix).chord_member(member), "group").decode()
+    text = h.dlq("show", member).stdout
+    assert "member 4 of chord" in text and "the chord waits for this letter's replay" in text, text
+
+
+def test_show_names_a_dead_lettered_chain_step_and_the_next(chords):
+    h = chords
+    h.worker()
+    sig = h.app.signature
+    chain(sig("proj.noop", args=(5,)), sig("proj.fixed_by_flag"), sig("proj.tsum")).apply_async()
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the middle step dead-lettered")
+    [details] = h.dlq_json("show", h.dead_letters()[0]["headers"]["id"])
+    assert details["workflow"] == {"chain": {"remaining": 1, "next": "proj.tsum"}}
+
+
+def test_celery_dlq_policy_explains_the_chord_rule_and_where_it_comes_from(harness):
+    conf = {"dlq_task_policies": {"proj.*": {"chord_rule": "continue"}}}
+    run = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.proj", "dlq", "policy",
+                          "proj.fixed_by_flag", "--json"], env=harness.env(DLQ_TEST_CONF=json.dumps(conf)),
+                         cwd=harness.worker_cls.root(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    rows = {row["field"]: (row["value"], row["from"]) for row in json.loads(run.stdout)}
+    assert rows["chord_rule"] == ("continue", "dlq_task_policies['proj.*']")
+    bad = subprocess.run([sys.executable, "-m", "celery", "-A", "tests.integration.proj", "dlq", "policy",
+                          "proj.fixed_by_flag"], env=harness.env(DLQ_TEST_CONF=json.dumps(
+                              {"dlq_task_policies": {"proj.*": {"chord_rule": "later"}}})),
+                         cwd=harness.worker_cls.root(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "chord_rule must be 'wait' or 'fail' or 'continue'" in bad.stderr, bad.stderr
