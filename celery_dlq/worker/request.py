@@ -27,6 +27,7 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
                                                 was_revoked_or_cancelled)
 from celery_dlq.message import instance_of, was_redelivered
+from celery_dlq.redis.chords import request_fields
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
@@ -107,7 +108,11 @@ class RedeliveryRequest(Request):
             return None  # left unacknowledged; the write is retried
         if outcome == "parked":
             return self._dlq_finish_parked(exc, None)
-        return super().on_timeout(soft, timeout)
+        chord = self._dlq_withhold_chord()
+        try:
+            return super().on_timeout(soft, timeout)
+        finally:
+            self._dlq_tell_chord(failure, chord)
 
     def _announce_revoked(self, *args, **kwargs):
         """Celery discards a message whose ``expires`` passed; one that failed before is dead-lettered first.
@@ -208,22 +213,30 @@ class RedeliveryRequest(Request):
         failure = _failure(exc, exc_info.traceback)
         if self._dlq_takeover(failure, reason, lost=False, retry=retry) is None:
             return None
-        self._dlq_tell_chord(failure)
+        self._dlq_tell_chord(failure, request_context(self))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
-    def _dlq_tell_chord(self, failure) -> None:
-        """A chord member's letter is stored: apply its chord rule (the child withheld Celery's part return)."""
+    def _dlq_withhold_chord(self) -> Any:
+        """The task context's chord fields, taken off it: Celery's FAILURE of a lost worker must not tell it."""
         context = request_context(self)
         if self._dlq_letter is None or not getattr(context, "chord", None):
+            return None
+        fields = request_fields(context)
+        context.chord = None
+        return fields
+
+    def _dlq_tell_chord(self, failure, request: Any) -> None:
+        """A chord member's letter is stored: apply its chord rule (Celery's part return was withheld)."""
+        if request is None or self._dlq_letter is None or not request.get("chord"):
             return
         ctx = self._dlq_context()
         dlq, _, delivery = self._dlq_letter
         try:
-            runtime_of(self.app).chords.dead_lettered(context, headers=ctx.envelope.headers, dlq=dlq,
+            runtime_of(self.app).chords.dead_lettered(request, headers=ctx.envelope.headers, dlq=dlq,
                                                       delivery=delivery, failure=failure, policy=ctx.policy)
         except Exception:
             logger.exception("celery-dlq: %s[%s] is dead-lettered, but its chord %s could not be told; "
-                             "replaying the letter completes it", self.name, self.id, context.group)
+                             "replaying the letter completes it", self.name, self.id, request.get("group"))
 
     def _dlq_expired(self, exc, ctx: MessageContext) -> bool:
         """Whether the child gave up because the next delivery would come after the message's ``expires``.
@@ -241,13 +254,18 @@ class RedeliveryRequest(Request):
 
     def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
         retry = lambda: self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)  # noqa: E731
-        outcome = self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=True, retry=retry)
+        failure = _failure(exc, exc_info.traceback)
+        outcome = self._dlq_takeover(failure, reason, lost=True, retry=retry)
         self._dlq_handled = True
         if outcome is None:
             return None
         if outcome == "parked":
             return self._dlq_finish_parked(exc, exc_info.traceback)
-        return super().on_failure(exc_info, send_failed_event, return_ok)
+        chord = self._dlq_withhold_chord()
+        try:
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        finally:
+            self._dlq_tell_chord(failure, chord)
 
     def _dlq_takeover(self, failure, reason, *, lost: bool, retry: Callable[[], Any]) -> str | None:
         """Park (a lost worker with deliveries left) or dead-letter; None if the write failed (``retry`` later)."""

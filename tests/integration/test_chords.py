@@ -258,3 +258,19 @@ def test_celery_dlq_policy_explains_the_chord_rule_and_where_it_comes_from(harne
                               {"dlq_task_policies": {"proj.*": {"chord_rule": "later"}}})),
                          cwd=harness.worker_cls.root(), capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "chord_rule must be 'wait' or 'fail' or 'continue'" in bad.stderr, bad.stderr
+
+
+def test_a_member_lost_with_its_worker_process_follows_its_rule_too(chords):
+    """worker_lost: Celery's main process reports that FAILURE itself; the rule still decides (continue here)."""
+    h = chords
+    h.extra_env["DLQ_TEST_CONF"] = json.dumps({
+        "result_backend": h.broker, "dlq_task_policies": {"proj.poison": {"max_delivery_attempts": 1}}})
+    h.worker()
+    sig = h.app.signature
+    header = [sig("proj.noop", args=(i,)) for i in range(2)] + [sig("proj.poison").set(headers=chord_rule("continue"))]
+    result = h.app.AsyncResult(chord(header)(sig("proj.tsum").on_error(sig("proj.chord_failed"))).id)
+    assert result.get(timeout=60) == 1
+    [values] = body_runs(h)
+    assert values[:2] == [0, 1] and is_placeholder(values[2]) and "WorkerLostError" in values[2]["exception"]
+    assert [letter["headers"]["x-dlq-reason"] for letter in h.dead_letters()] == ["worker_lost"]
+    assert errbacks(h) == []
