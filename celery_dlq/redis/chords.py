@@ -25,6 +25,7 @@ member and its sets on Redis Cluster.
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Any
@@ -46,6 +47,47 @@ def request_fields(request: Any) -> dict[str, Any]:
     """What a part return needs of a member's request, as JSON-able fields (``id``, ``group``, ``chord``, ...)."""
     get = request.get if hasattr(request, "get") else (lambda name, default=None: getattr(request, name, default))
     return {name: get(name) for name in ("id", "task", "group", "group_index", "chord", "root_id", "parent_id")}
+
+
+def chord_fields(request: Any) -> dict[str, Any] | None:
+    """The chord part a failed task stands for; None when it stands for none.
+
+    A chord member stands for itself. The first steps of a chain in a
+    chord's header stand for the chain's last step, the chord member, which
+    Celery tells the chord of their failure (``mark_as_failure`` walks the
+    chain); it carries ``chord``, ``task_id``, ``group_id`` and
+    ``group_index`` in its options.
+    """
+    fields = request_fields(request)
+    if fields.get("chord"):
+        return fields if fields.get("group") and fields.get("id") else None
+    get = request.get if hasattr(request, "get") else (lambda name, default=None: getattr(request, name, default))
+    for step in get("chain") or ():
+        options = step.get("options") or {} if isinstance(step, dict) else {}
+        if options.get("chord") and options.get("task_id") and options.get("group_id"):
+            return {"id": options["task_id"], "task": step.get("task"), "group": options["group_id"],
+                    "group_index": options.get("group_index"), "chord": options["chord"],
+                    "root_id": fields.get("root_id"), "parent_id": fields.get("id")}
+    return None
+
+
+def take_chord(context: Any) -> dict[str, Any] | None:
+    """Take the chord off a failed task's context so Celery's FAILURE does not tell it; what it was, or None.
+
+    Returns the context as it was (a dict, its chain copied) when it stands
+    for a chord part (:func:`chord_fields`): what the rule is applied with
+    once the letter is stored. The chord goes from the context itself, or
+    from the options of the chord member ending its chain.
+    """
+    if chord_fields(context) is None:
+        return None
+    before = dict(vars(context), chain=copy.deepcopy(getattr(context, "chain", None)))
+    if getattr(context, "chord", None):
+        context.chord = None
+    for step in getattr(context, "chain", None) or ():
+        if isinstance(step, dict):
+            (step.get("options") or {}).pop("chord", None)
+    return before
 
 
 def uses_chord_unlock(backend: Any) -> bool:
@@ -117,18 +159,34 @@ class ChordLedger:
         """
         self.client.sadd(self.keys.chord_waiting(group), task_id)
 
-    def hold(self, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
+    def hold(self, letter: str, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
              now: float | None = None) -> tuple[str, str]:
-        """Record a dead-lettered member in ``state``.
+        """Record the dead letter ``letter`` (a task id) of chord member ``fields`` in ``state``.
 
-        Returns the state it had before ('' when new) and the chord's parked
-        ``chord_unlock`` call when this settled its last waiting member ('' if none).
+        ``letter`` is the member itself, or a step of a chain that ends in the
+        member. Returns the state it had before ('' when new) and the chord's
+        parked ``chord_unlock`` call when this settled its last waiting member ('' if none).
         """
-        task_id, group = str(fields["id"]), str(fields.get("group") or "")
-        before, unlock = self.scripts.run("chord_hold", self._keys(task_id, group, dlq or ""),
-                                          [task_id, state, rule, dlq or "", group, json.dumps(fields),
-                                           repr(time.time() if now is None else now), SETTLED_TTL_S])
+        group = str(fields.get("group") or "")
+        before, unlock = self.scripts.run("chord_hold", self._keys(letter, group, dlq or ""),
+                                          [letter, state, rule, dlq or "", group, json.dumps(fields),
+                                           repr(time.time() if now is None else now), SETTLED_TTL_S,
+                                           str(fields["id"])])
         return _text(before), _text(unlock)
+
+    def release(self, group: str, member: str) -> list[str]:
+        """Chord member ``member`` was reported to its chord: settle the waiting letters that stood for it.
+
+        Returns the chord's parked ``chord_unlock`` call(s) to send again.
+        """
+        unlocks = []
+        for letter in self.client.smembers(self.keys.chord_waiting(group)):
+            letter = _text(letter)
+            if letter == member or _text(self.client.hget(self.keys.chord_member(letter), "member")) == member:
+                settled = self.settle(letter, RELEASED)
+                if settled is not None and settled[1]:
+                    unlocks.append(settled[1])
+        return unlocks
 
     def park_unlock(self, group: str, call: dict[str, Any]) -> bool:
         """Park a chord's ``chord_unlock`` call while one of its members waits; False when none waits."""

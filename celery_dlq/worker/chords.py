@@ -21,16 +21,14 @@ from celery_dlq import headers as H
 from celery_dlq.errors import ChordMemberDeadLettered
 from celery_dlq.internals.celery_backend import keep_chord_keys
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.chords import (CONTINUED, FAILED, RELEASED, WAITING, ChordLedger, part_return,
-                                     request_fields, resume_unlock)
+from celery_dlq.redis.chords import (CONTINUED, FAILED, WAITING, ChordLedger, chord_fields, part_return,
+                                     resume_unlock, take_chord)
 from celery_dlq.redis.keys import Keys
 from celery_dlq.workflow import CHORD_CONTINUE, CHORD_FAIL, CHORD_WAIT, describe_failure, placeholder, rule_of
 
 logger = logging.getLogger(__name__)
 
 _STATE_OF = {CHORD_WAIT: WAITING, CHORD_FAIL: FAILED, CHORD_CONTINUE: CONTINUED}
-#: Task request attribute: this replayed member's success is to settle its waiting ledger entry.
-RELEASE = "celery_dlq_chord_release"
 
 
 class ChordMembers:
@@ -41,38 +39,43 @@ class ChordMembers:
         self.ledger = ChordLedger(client, keys)
 
     def withhold(self, request: Any) -> None:
-        """In the child, on a chord member's last failure: Celery must not report it to the chord itself."""
-        if not getattr(request, "chord", None):
-            return
-        request.chord = None
-        if request.group and request.id:
-            self.ledger.dying(request.id, request.group)
+        """In the child, on a task's last failure: Celery must not tell a chord of it itself.
+
+        A chord member's ``chord`` is taken off its request; for the first
+        steps of a chain in a chord's header, off the options of the chain's
+        chord member (Celery walks the chain to report it).
+        """
+        before = take_chord(request)
+        if before is not None:
+            self.ledger.dying(request.id, chord_fields(before)["group"])
 
     def dead_lettered(self, request: Any, *, headers: Mapping[str, Any], dlq: str | None, delivery: int,
                       failure: Mapping[str, str], policy: RedeliveryPolicy) -> str | None:
-        """Apply the member's rule now that its letter is stored (``dlq`` None: dropped, so ``fail``).
+        """Apply the rule now that the letter of ``request`` is stored (``dlq`` None: dropped, so ``fail``).
 
-        Returns the rule applied, or None when ``request`` is no chord member.
-        Runs again for a redelivered copy whose letter was stored already; the
-        ledger makes that a no-op for a settled chord.
+        Returns the rule applied, or None when the task stands for no chord
+        part (:func:`~celery_dlq.redis.chords.chord_fields`). Runs again for a
+        redelivered copy whose letter was stored already; the ledger makes
+        that a no-op for a settled chord.
         """
-        fields = request_fields(request)
-        if not fields.get("chord") or not fields.get("group") or not fields.get("id"):
+        fields = chord_fields(request)
+        if fields is None:
             return None
+        letter = str(request.get("id"))
         rule = rule_of(headers, policy.chord_rule) if dlq else CHORD_FAIL
-        before, unlock = self.ledger.hold(fields, state=_STATE_OF[rule], rule=rule, dlq=dlq)
+        before, unlock = self.ledger.hold(letter, fields, state=_STATE_OF[rule], rule=rule, dlq=dlq)
         if rule == CHORD_WAIT:
             keep_chord_keys(self.app.backend, fields["group"])
             logger.warning("celery-dlq: chord %s waits for %s[%s] in %s (chord_rule wait): replay it to "
-                           "complete the chord, purge it to fail it", fields["group"], fields.get("task"),
-                           fields["id"], dlq)
+                           "complete the chord, purge it to fail it", fields["group"], request.get("task"),
+                           letter, dlq)
         elif before in ("", WAITING):
+            task = request.get("task")
             if rule == CHORD_FAIL:
                 part_return(self.app, fields, states.FAILURE, ChordMemberDeadLettered(
-                    describe_failure(fields["id"], fields.get("task"), dlq, delivery, failure)), unlock)
+                    describe_failure(letter, task, dlq, delivery, failure)), unlock)
             else:
-                part_return(self.app, fields, states.SUCCESS,
-                            placeholder(fields["id"], fields.get("task"), dlq, failure), unlock)
+                part_return(self.app, fields, states.SUCCESS, placeholder(letter, task, dlq, failure), unlock)
         else:
             resume_unlock(self.app, unlock)
         return rule
@@ -82,21 +85,24 @@ class ChordMembers:
         if not getattr(request, "chord", None) or not request.get(H.REPLAY_COUNT):
             return
         state = self.ledger.state(request.id)
-        if state == WAITING:
-            setattr(request, RELEASE, True)
-        elif state is not None:
+        if state not in (None, WAITING):
             logger.info("celery-dlq: %s[%s] succeeded after its chord %s was settled (%s): the chord is "
                         "not told again", request.task, request.id, request.group, state)
             request.chord = None
 
     def after_success(self, request: Any) -> None:
-        """In the child, after a chord member's success was recorded (and with it Celery's part return)."""
-        if getattr(request, RELEASE, False):
-            settled = self.ledger.settle(request.id, RELEASED)
-            if settled is not None:
-                resume_unlock(self.app, settled[1])   # a polling backend joins the chord now
+        """In the child, after a chord member's success was recorded (and with it Celery's part return).
+
+        Settles the waiting letters that stood for it (its own, or a chain
+        step's before it), sending a parked ``chord_unlock`` again; while
+        others still wait, keeps the chord's result keys from expiring.
+        """
         group = getattr(request, "group", None)
-        if group and self.ledger.waiting(group):
+        if not group or not self.ledger.waiting(group):
+            return
+        for unlock in self.ledger.release(group, request.id):
+            resume_unlock(self.app, unlock)   # a polling backend joins the chord now
+        if self.ledger.waiting(group):
             keep_chord_keys(self.app.backend, group)
 
     def park_unlock(self, request: Any, args: tuple, kwargs: dict) -> bool:

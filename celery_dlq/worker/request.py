@@ -27,7 +27,7 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
                                                 was_revoked_or_cancelled)
 from celery_dlq.message import instance_of, was_redelivered
-from celery_dlq.redis.chords import request_fields
+from celery_dlq.redis.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
@@ -217,17 +217,12 @@ class RedeliveryRequest(Request):
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_withhold_chord(self) -> Any:
-        """The task context's chord fields, taken off it: Celery's FAILURE of a lost worker must not tell it."""
-        context = request_context(self)
-        if self._dlq_letter is None or not getattr(context, "chord", None):
-            return None
-        fields = request_fields(context)
-        context.chord = None
-        return fields
+        """The task context, its chord taken off: Celery's FAILURE of a lost worker must not tell the chord."""
+        return take_chord(request_context(self)) if self._dlq_letter is not None else None
 
     def _dlq_tell_chord(self, failure, request: Any) -> None:
         """A chord member's letter is stored: apply its chord rule (Celery's part return was withheld)."""
-        if request is None or self._dlq_letter is None or not request.get("chord"):
+        if request is None or self._dlq_letter is None:
             return
         ctx = self._dlq_context()
         dlq, _, delivery = self._dlq_letter

@@ -38,7 +38,7 @@ from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
 from celery_dlq.internals.celery_worker import request_context
 from celery_dlq.message import instance_of, was_redelivered
-from celery_dlq.redis.chords import request_fields
+from celery_dlq.redis.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -159,12 +159,10 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException,
         request_cls = symbol_by_name(task.Request)  # Celery allows a class or its dotted name
         request = request_cls(message, app=task.app, hostname=hostname, task=task)
         context = request_context(request)
-        fields = request_fields(context) if tell_chord is not None and getattr(context, "chord", None) else None
-        if fields is not None:
-            context.chord = None
+        told = take_chord(context) if tell_chord is not None else None
         task.backend.mark_as_failure(request.id, exc, request=context, store_result=request.store_errors)
-        if fields is not None:
-            tell_chord(fields)
+        if told is not None:
+            tell_chord(told)
         signals.task_failure.send(sender=task, task_id=request.id, exception=exc, args=request.args,
                                   kwargs=request.kwargs, traceback=None, einfo=None)
     except Exception:

@@ -20,7 +20,6 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
 from celery_dlq.message import queue_of
-from celery_dlq.worker.chords import RELEASE
 from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
 
@@ -137,7 +136,7 @@ class RedeliveryTask(Task):
     def after_return(self, status, retval, task_id, args, kwargs, einfo):
         """After a chord member's success was recorded: settle its replay, keep a waiting chord's keys."""
         request = self.request
-        if status == states.SUCCESS and (request.chord or getattr(request, RELEASE, False)) \
+        if status == states.SUCCESS and request.chord \
                 and not (request.called_directly or request.is_eager):
             runtime_of(self.app).chords.after_success(request)
 

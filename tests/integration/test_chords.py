@@ -274,3 +274,67 @@ def test_a_member_lost_with_its_worker_process_follows_its_rule_too(chords):
     assert values[:2] == [0, 1] and is_placeholder(values[2]) and "WorkerLostError" in values[2]["exception"]
     assert [letter["headers"]["x-dlq-reason"] for letter in h.dead_letters()] == ["worker_lost"]
     assert errbacks(h) == []
+
+
+# -- nesting ---------------------------------------------------------------------
+
+def test_a_chain_in_a_chord_header_waits_for_its_dead_lettered_first_step(any_backend):
+    """chord([noop, chain(fixed_by_flag, noop)], tsum): the chain's first step stands for its chord member."""
+    h = any_backend
+    h.worker()
+    sig = h.app.signature
+    header = [sig("proj.noop", args=(7,)), chain(sig("proj.fixed_by_flag", args=(99,)), sig("proj.noop"))]
+    res = chord(header)(sig("proj.tsum").on_error(sig("proj.chord_failed")))
+    result = h.app.AsyncResult(res.id)
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the chain's first step dead-lettered")
+    step = h.dead_letters()[0]["headers"]["id"]
+    h.wait_until(lambda: member_state(h, step) == "waiting", message="the chord waits")
+    settled(h, step, 2)
+    assert body_runs(h) == [] and errbacks(h) == []
+    replay(h)
+    assert result.get(timeout=30) == 7 + 1          # the chain's last step got the step's result (1)
+    assert body_runs(h) == [[7, 1]]
+    h.wait_until(lambda: member_state(h, step) == "released", message="the letter released")
+    assert errbacks(h) == []
+
+
+def test_a_chord_in_a_chain_goes_on_after_the_replay(chords):
+    """chain(noop, chord([noop, fixed_by_flag], tsum), noop): the chain after the chord runs once."""
+    h = chords
+    h.worker()
+    sig = h.app.signature
+    res = chain(sig("proj.noop", args=(1,)),
+                chord([sig("proj.noop", args=(2,), immutable=True), sig("proj.fixed_by_flag", args=(99,), immutable=True)],
+                      sig("proj.tsum")),
+                sig("proj.noop")).apply_async()
+    result = h.app.AsyncResult(res.id)
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the chord member dead-lettered")
+    member = h.dead_letters()[0]["headers"]["id"]
+    h.wait_until(lambda: member_state(h, member) == "waiting", message="the chord waits")
+    replay(h)
+    assert result.get(timeout=30) == 3              # tsum([2, 1]) passed on to the last noop
+    assert body_runs(h) == [[2, 1]]
+
+
+def test_a_chord_whose_body_is_dead_lettered_replays_the_body_with_the_header_results(chords):
+    h = chords
+    h.worker()
+    sig = h.app.signature
+    res = chord([sig("proj.noop", args=(i,)) for i in range(3)])(sig("proj.fixed_by_flag"))
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the body dead-lettered")
+    letter = h.dead_letters()[0]
+    assert letter["headers"]["task"] == "proj.fixed_by_flag"
+    replay(h)
+    assert h.app.AsyncResult(res.id).get(timeout=30) == 1
+    assert [r["args"] for r in h.deliveries(res.id)] == [[[0, 1, 2]]] * 3
+
+
+def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
+    h = chords
+    h.worker()
+    sig = h.app.signature
+    from celery import group
+    res = group(chain(sig("proj.noop", args=(i,)), sig("proj.fixed_by_flag"), sig("proj.noop")) for i in range(2))()
+    h.wait_until(lambda: len(h.dead_letters()) == 2, message="both middle steps dead-lettered")
+    replay(h)
+    assert res.get(timeout=30) == [1, 1]

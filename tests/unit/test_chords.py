@@ -8,7 +8,7 @@ import pytest
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.chords import SETTLED_TTL_S, ChordLedger, request_fields
+from celery_dlq.redis.chords import SETTLED_TTL_S, ChordLedger, chord_fields, request_fields, take_chord
 from celery_dlq.redis.keys import Keys
 from celery_dlq.workflow import (CHORD_WAIT, chord_rule, describe_failure, is_placeholder, membership,
                                  placeholder, rule_of, summary)
@@ -25,14 +25,14 @@ def ledger(any_redis, unique):
 
 
 def test_a_waiting_member_never_expires_and_is_counted_in_its_chord_and_dlq(ledger):
-    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q", now=1.0) == ("", "")
+    assert ledger.hold("t1", member(), state="waiting", rule="wait", dlq="DLQ.q", now=1.0) == ("", "")
     assert ledger.state("t1") == "waiting"
     assert ledger.client.ttl(ledger.keys.chord_member("t1")) == -1
     assert ledger.waiting("g1") == 1 and ledger.waiting_in("DLQ.q") == 1
 
 
 def test_a_replay_and_a_purge_settle_a_waiting_member_once(ledger):
-    ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold("t1", member(), state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.settle("t1", "released") == (member(), "")
     assert ledger.settle("t1", "failed", only_in="DLQ.q") is None      # the purge lost the race
     assert ledger.state("t1") == "released"
@@ -41,20 +41,20 @@ def test_a_replay_and_a_purge_settle_a_waiting_member_once(ledger):
 
 
 def test_a_purge_of_another_dlq_settles_nothing(ledger):
-    ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold("t1", member(), state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.settle("t1", "failed", only_in="DLQ.other") is None
     assert ledger.state("t1") == "waiting"
 
 
 def test_a_settled_member_keeps_its_state_when_a_later_copy_fails_again(ledger):
-    assert ledger.hold(member(), state="continued", rule="continue", dlq="DLQ.q") == ("", "")
-    assert ledger.hold(member(), state="failed", rule="fail", dlq="DLQ.q") == ("continued", "")
+    assert ledger.hold("t1", member(), state="continued", rule="continue", dlq="DLQ.q") == ("", "")
+    assert ledger.hold("t1", member(), state="failed", rule="fail", dlq="DLQ.q") == ("continued", "")
     assert ledger.state("t1") == "continued" and ledger.waiting("g1") == 0
 
 
 def test_a_waiting_member_dead_lettered_again_still_waits(ledger):
-    ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q")
-    assert ledger.hold(member(), state="waiting", rule="wait", dlq="DLQ.q") == ("waiting", "")
+    ledger.hold("t1", member(), state="waiting", rule="wait", dlq="DLQ.q")
+    assert ledger.hold("t1", member(), state="waiting", rule="wait", dlq="DLQ.q") == ("waiting", "")
     assert ledger.waiting("g1") == 1
 
 
@@ -63,8 +63,8 @@ def test_chord_unlock_is_parked_while_a_member_waits_and_handed_back_by_the_last
     assert not ledger.park_unlock("g1", call)                  # nobody waits: chord_unlock runs as usual
     ledger.dying("t1", "g1")                                   # the child, raising the last failure
     assert ledger.park_unlock("g1", call)
-    ledger.hold(member("t1"), state="waiting", rule="wait", dlq="DLQ.q")
-    ledger.hold(member("t2"), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold("t1", member("t1"), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold("t2", member("t2"), state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.settle("t1", "released")[1] == ""            # t2 still waits: the call stays parked
     fields, unlock = ledger.settle("t2", "failed")
     assert json.loads(unlock) == call and fields["id"] == "t2"
@@ -75,7 +75,35 @@ def test_a_fail_or_continue_hold_hands_back_the_call_its_dying_member_parked(led
     call = {"args": ["g1"], "kwargs": {}, "queue": "q"}
     ledger.dying("t1", "g1")
     assert ledger.park_unlock("g1", call)
-    assert ledger.hold(member("t1"), state="continued", rule="continue", dlq="DLQ.q") == ("", json.dumps(call))
+    assert ledger.hold("t1", member("t1"), state="continued", rule="continue", dlq="DLQ.q") == ("", json.dumps(call))
+
+
+def test_a_chain_step_standing_for_a_chord_member_is_released_by_the_member(ledger):
+    ledger.hold("step1", member("t9"), state="waiting", rule="wait", dlq="DLQ.q")
+    assert ledger.release("g1", "other") == [] and ledger.state("step1") == "waiting"
+    assert ledger.release("g1", "t9") == [] and ledger.state("step1") == "released"
+
+
+def test_chord_fields_of_a_member_and_of_the_first_step_of_a_chain_in_a_header():
+    assert chord_fields(member()) == {**member(), "root_id": None, "parent_id": None}
+    assert chord_fields({"id": "s1", "chain": None}) is None
+    step = {"id": "s1", "root_id": "r", "chain": [
+        {"task": "proj.last", "options": {"task_id": "t9", "group_id": "g1", "group_index": 2,
+                                          "chord": {"task": "proj.tsum"}}},
+        {"task": "proj.middle", "options": {"task_id": "t8"}}]}
+    assert chord_fields(step) == {"id": "t9", "task": "proj.last", "group": "g1", "group_index": 2,
+                                  "chord": {"task": "proj.tsum"}, "root_id": "r", "parent_id": "s1"}
+
+
+def test_taking_the_chord_off_a_context_keeps_what_it_was():
+    from celery.app.task import Context
+
+    context = Context({"id": "s1", "chain": [{"task": "proj.last", "options": {
+        "task_id": "t9", "group_id": "g1", "chord": {"task": "proj.tsum"}}}]})
+    before = take_chord(context)
+    assert "chord" not in context.chain[0]["options"]
+    assert chord_fields(before)["id"] == "t9"
+    assert take_chord(Context({"id": "x"})) is None
 
 
 def test_request_fields_read_a_context_or_a_mapping():
