@@ -2,15 +2,19 @@
 
 Celery records a chord's progress in its result backend (on Redis: the
 ``<group>.j``/``.t``/``.s``/``.d``/``.c`` keys of ``on_chord_part_return``);
-celery-dlq never writes those itself. When a chord member is dead-lettered
-its worker withholds Celery's part return and the member is recorded here
+celery-dlq writes it only through the backend's own API
+(``on_chord_part_return``, ``store_result``), and keeps a waiting chord's
+Redis keys from expiring (``internals/celery_backend.py``). When a chord
+member is dead-lettered its worker withholds Celery's part return and the
+member is recorded here
 (:meth:`ChordLedger.hold`), in the state its rule gives it
 (:mod:`celery_dlq.workflow`):
 
 ``waiting``
-    rule ``wait``: no part return yet, the chord stays open. The entry
-    never expires. The member's replay that succeeds makes the part return
-    Celery's own way and then settles the entry ``released``; a purge (or
+    rule ``wait``: no part return yet, the chord stays open (a
+    ``chord_unlock`` polling for it is parked, :meth:`ChordLedger.park_unlock`).
+    The entry never expires. The member's replay that succeeds makes the part
+    return Celery's own way and then settles the entry ``released``; a purge (or
     retention) settles it ``failed`` and makes a FAILURE part return
     (:func:`part_return`) naming the letter. Either settles it once
     (``lua/chord_settle.lua``).

@@ -49,7 +49,8 @@ def _chords(harness, kind: str):
 
 
 def body_runs(h) -> list:
-    return [json.loads(r) for r in h.redis.lrange(f"{h.prefix}:body", 0, -1)]
+    """The argument of each run of the body."""
+    return [json.loads(r)["values"] for r in h.redis.lrange(f"{h.prefix}:body", 0, -1)]
 
 
 def errbacks(h) -> list:
@@ -338,3 +339,32 @@ def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
     h.wait_until(lambda: len(h.dead_letters()) == 2, message="both middle steps dead-lettered")
     replay(h)
     assert res.get(timeout=30) == [1, 1]
+
+
+def test_a_worker_killed_after_the_replayed_members_success_runs_the_body_once(chords):
+    """SIGKILL of the whole worker after the member's success is stored and its chord told, before the ack:
+    the restored copy runs again on the next worker; the chord publishes its body once.
+
+    The body goes to a queue only the second worker consumes: a body run by the killed worker would be
+    run again as any unacknowledged task is (its own at-least-once), which is not what is measured here.
+    """
+    h = chords
+    h.extra_env.update(DLQ_TEST_KILL_AFTER_SUCCESS="1", DLQ_TEST_CONF=json.dumps({
+        "result_backend": h.broker, "broker_transport_options": {
+            "visibility_timeout": 1, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}}))
+    first = h.worker()
+    sig = h.app.signature
+    header = [sig("proj.noop", args=(i,)) for i in range(3)] + [sig("proj.fixed_by_flag", args=(99,))]
+    res = chord(header)(sig("proj.tsum", queue=f"{h.queue}b"))
+    result, member = h.app.AsyncResult(res.id), res.parent.results[-1].id
+    dead_lettered(h, member, "waiting")
+    h.redis.set(f"{h.prefix}:kill_after_success:{member}", 1)
+    replay(h)
+    first.proc.wait(timeout=30)
+    assert first.proc.returncode == -9
+    h.worker(name="w2", DLQ_TEST_QUEUE=f"{h.queue},{h.queue}b")
+    h.wait_until(lambda: member_state(h, member) == "released", timeout=30, message="the restored copy's success")
+    assert result.get(timeout=30) == 4
+    settled(h, member, 4)                  # 2 failures, the killed replay's run, the restored copy's
+    runs = [json.loads(r) for r in h.redis.lrange(f"{h.prefix}:body", 0, -1)]
+    assert [(run["values"], run["delivery"]) for run in runs] == [([0, 1, 2, 1], 1)]
