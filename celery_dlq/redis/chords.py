@@ -164,7 +164,7 @@ class ChordLedger:
         self.client.sadd(self.keys.chord_waiting(group), task_id)
 
     def hold(self, letter: str, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
-             now: float | None = None) -> tuple[str, str]:
+             failure_group: str = "", now: float | None = None) -> tuple[str, str]:
         """Record the dead letter ``letter`` (a task id) of chord member ``fields`` in ``state``.
 
         ``letter`` is the member itself, or a step of a chain that ends in the
@@ -175,7 +175,7 @@ class ChordLedger:
         before, unlock = self.scripts.run("chord_hold", self._keys(letter, group, dlq or ""),
                                           [letter, state, rule, dlq or "", group, json.dumps(fields),
                                            repr(time.time() if now is None else now), SETTLED_TTL_S,
-                                           str(fields["id"])])
+                                           str(fields["id"]), failure_group])
         return _text(before), _text(unlock)
 
     def release(self, group: str, member: str) -> list[str]:
@@ -232,6 +232,20 @@ class ChordLedger:
     def waiting_in(self, dlq: str) -> int:
         """How many waiting chord members were dead-lettered to ``dlq``."""
         return int(self.client.scard(self.keys.chord_waiting_in(dlq)))
+
+    def held_open(self, dlqs: list[str]) -> dict[str, int]:
+        """Failure group id -> how many chords its waiting letters in ``dlqs`` hold open (two round trips)."""
+        pipe = self.client.pipeline(transaction=False)
+        for dlq in dlqs:
+            pipe.smembers(self.keys.chord_waiting_in(dlq))
+        letters = sorted({_text(letter) for members in pipe.execute() for letter in members})
+        for letter in letters:
+            pipe.hmget(self.keys.chord_member(letter), "state", "fgroup", "group")
+        chords: dict[str, set[str]] = {}
+        for state, fgroup, group in pipe.execute() if letters else ():
+            if _text(state) == WAITING and fgroup:
+                chords.setdefault(_text(fgroup), set()).add(_text(group))
+        return {fgroup: len(groups) for fgroup, groups in chords.items()}
 
 
 def fail_purged(ledger: ChordLedger, app: Any, letters: list[tuple[str, str]], *, dlq: str,

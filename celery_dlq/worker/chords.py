@@ -19,6 +19,7 @@ from celery import states
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ChordMemberDeadLettered
+from celery_dlq.fingerprint import failure_group
 from celery_dlq.internals.celery_backend import keep_chord_keys
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis.chords import (CONTINUED, FAILED, WAITING, ChordLedger, chord_fields, part_return,
@@ -63,7 +64,8 @@ class ChordMembers:
             return None
         letter = str(request.get("id"))
         rule = rule_of(headers, policy.chord_rule) if dlq else CHORD_FAIL
-        before, unlock = self.ledger.hold(letter, fields, state=_STATE_OF[rule], rule=rule, dlq=dlq)
+        before, unlock = self.ledger.hold(letter, fields, state=_STATE_OF[rule], rule=rule, dlq=dlq,
+                                          failure_group=failure_group(headers.get("task"), failure))
         if rule == CHORD_WAIT:
             keep_chord_keys(self.app.backend, fields["group"])
             logger.warning("celery-dlq: chord %s waits for %s[%s] in %s (chord_rule wait): replay it to "

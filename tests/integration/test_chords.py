@@ -368,3 +368,17 @@ def test_a_worker_killed_after_the_replayed_members_success_runs_the_body_once(c
     settled(h, member, 4)                  # 2 failures, the killed replay's run, the restored copy's
     runs = [json.loads(r) for r in h.redis.lrange(f"{h.prefix}:body", 0, -1)]
     assert [(run["values"], run["delivery"]) for run in runs] == [([0, 1, 2, 1], 1)]
+
+
+def test_the_groups_view_counts_the_chords_a_failure_group_holds_open(chords):
+    h = chords
+    h.worker()
+    first, member = apply_chord(h)
+    second, other = apply_chord(h)
+    h.wait_until(lambda: member_state(h, member) == "waiting" and member_state(h, other) == "waiting",
+                 message="both chords wait")
+    [group] = h.dlq_json("groups", f"DLQ.{h.queue}")
+    assert group["count"] == 2 and group["chords_waiting"] == 2
+    [merged] = h.dlq_json("groups")
+    assert merged["chords_waiting"] == 2
+    assert "chords" in h.dlq("groups").stdout     # the column (its header wraps in a narrow table)

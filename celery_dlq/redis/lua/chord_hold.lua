@@ -1,7 +1,7 @@
 -- chord_hold.lua: record a dead-lettered chord member in the chord ledger, in the state its rule gives it.
 --
 -- KEYS[1] = member   (HASH)   the letter's ledger entry (keys.chord_member): state, rule, dlq, group, context,
---                             at, member
+--                             at, member, fgroup
 -- KEYS[2] = group    (SET)    the chord's waiting members (keys.chord_waiting)
 -- KEYS[3] = dlq      (SET)    the waiting members dead-lettered to this DLQ (keys.chord_waiting_in)
 -- KEYS[4] = unlock   (STRING) the chord's parked celery.chord_unlock call (keys.chord_unlock)
@@ -15,6 +15,7 @@
 -- ARGV[7] = now (unix seconds)
 -- ARGV[8] = seconds a settled entry is kept
 -- ARGV[9] = the chord member's task id (the part it stands for)
+-- ARGV[10] = the letter's failure group (x-dlq-group), so the groups view counts the chords it holds open
 --
 -- Returns {the state it had before ('' when new), the parked chord_unlock call to send again ('' if none)}.
 -- A member already settled (released, failed, continued) keeps its state: a chord is settled once, whatever
@@ -26,7 +27,8 @@ if before ~= '' and before ~= 'waiting' then
     return {before, ''}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'rule', ARGV[3], 'dlq', ARGV[4], 'group', ARGV[5],
-           'context', ARGV[6], 'at', ARGV[7], 'member', ARGV[9])
+           'context', ARGV[6], 'at', ARGV[7], 'member', ARGV[9],
+           'fgroup', ARGV[10])
 local unlock = ''
 if ARGV[2] == 'waiting' then
     redis.call('PERSIST', KEYS[1])
