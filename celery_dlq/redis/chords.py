@@ -117,6 +117,9 @@ def part_return(app: Any, fields: dict[str, Any], state: str, value: Any, unlock
     """
     backend = app.backend
     if not uses_chord_unlock(backend):
+        # Celery < 5.7 restores the header's GroupResult with the *current* app: in an operator's process
+        # (a purge) that would be a default app without a result backend.
+        app.set_current()
         backend.on_chord_part_return(Context(fields), state, value)
         return
     backend.store_result(fields["id"], value, state)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import celery
 import pytest
 from celery import chain, chord
 
@@ -341,6 +342,8 @@ def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
     assert res.get(timeout=30) == [1, 1]
 
 
+@pytest.mark.skipif(celery.VERSION < (5, 7), reason="the copy's second part return is dropped by Celery 5.7's "
+                                                     "done marker; older Celery runs the body twice (docs/workflows.md)")
 def test_a_worker_killed_after_the_replayed_members_success_runs_the_body_once(chords):
     """SIGKILL of the whole worker after the member's success is stored and its chord told, before the ack:
     the restored copy runs again on the next worker; the chord publishes its body once.
