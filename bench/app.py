@@ -9,6 +9,7 @@
                    dlq_kombufetch  as dlq, but fetching with kombu's own Redis transport (dlq_fetch_transport off)
     BENCH_PREFIX   dlq_key_prefix, and the prefix of the benchmark's own counters
     BENCH_CONF     optional JSON merged into app.conf
+    BENCH_ATTEMPTS attempts of ``bench.flaky`` (default 3: it fails twice, then succeeds)
 
 In the ``celery*`` modes celery_dlq is not even imported, so the plain side
 carries no trace of the extension.
@@ -33,6 +34,8 @@ DLQ = MODE.startswith("dlq")
 
 #: how long a failed attempt waits (benchmark 2) and the one-hour park (benchmark 3)
 FLAKY_DELAY = 0.1
+#: ``bench.flaky``'s attempts: it fails all but the last
+ATTEMPTS = int(os.environ.get("BENCH_ATTEMPTS", "3"))
 PARK_DELAY = 3600.0
 DONE_KEY = f"{PREFIX}:done"
 
@@ -88,9 +91,9 @@ def stamp(sent_at):
 
 if DLQ:
     @app.task(bind=True, base=Base, name="bench.flaky",
-              redelivery_policy={"redelivery_delay": FLAKY_DELAY, "max_delivery_attempts": 3})
+              redelivery_policy={"redelivery_delay": FLAKY_DELAY, "max_delivery_attempts": ATTEMPTS})
     def flaky(self, i=0):
-        if delivery_count(self.request) <= 2:
+        if delivery_count(self.request) < ATTEMPTS:
             raise ConnectionError("transient")
         client().incr(DONE_KEY)
 
@@ -101,9 +104,9 @@ if DLQ:
 
     celery_dlq.install(app)
 else:
-    @app.task(bind=True, base=Base, name="bench.flaky", max_retries=2)
+    @app.task(bind=True, base=Base, name="bench.flaky", max_retries=ATTEMPTS - 1)
     def flaky(self, i=0):
-        if self.request.retries < 2:
+        if self.request.retries < ATTEMPTS - 1:
             raise self.retry(countdown=FLAKY_DELAY, exc=ConnectionError("transient"))
         client().incr(DONE_KEY)
 

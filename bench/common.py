@@ -64,10 +64,12 @@ class BenchWorker:
 
     def __init__(self, broker: str, queue: str, mode: str, prefix: str, concurrency: int = 2,
                  conf: str | None = None, queues: str | None = None, pool: str = "prefork",
-                 name: str | None = None) -> None:
+                 name: str | None = None, package: str | None = None) -> None:
+        """``package``: a directory holding another ``celery_dlq`` package (an earlier commit's) to run."""
         self.log_path = Path(tempfile.mkstemp(prefix=f"bench-{mode}-", suffix=".log")[1])
+        path = os.pathsep.join([*([package] if package else []), str(ROOT)])
         env = {**os.environ, "BENCH_BROKER": broker, "BENCH_QUEUE": queue, "BENCH_MODE": mode,
-               "BENCH_PREFIX": prefix, "PYTHONPATH": str(ROOT)}
+               "BENCH_PREFIX": prefix, "PYTHONPATH": path}
         if conf:
             env["BENCH_CONF"] = conf
         self._log = open(self.log_path, "wb")
@@ -76,7 +78,7 @@ class BenchWorker:
             [sys.executable, "-m", "celery", "-A", "bench.app", "worker", "-P", pool,
              "-c", str(concurrency), "-Q", queues or queue, "-n", name or f"bench-{mode}-{os.getpid()}@%h",
              "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "WARNING"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=package or ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int:

@@ -23,6 +23,13 @@ the min-max of the runs.
 
 Targets: celery-dlq at least 1.5x Celery's attempts per second with prefork
 and with solo, and at or above Dramatiq.
+
+``--attempts 4 --tasks 1000`` is the long-standing shape (1,000 tasks x 4
+attempts). ``--before DIR`` adds the sides ``dlq_before`` and
+``dlq_before_solo``: celery-dlq as an earlier commit had it (``DIR`` holds
+its ``celery_dlq`` package: ``git archive <commit> celery_dlq | tar -x -C
+DIR``), interleaved with the others, so a change is measured before and
+after in one run. ``--sides`` keeps only some sides (``celery,dlq``).
 """
 from __future__ import annotations
 
@@ -39,13 +46,16 @@ from bench.common import (BenchWorker, RedisServer, Stage, machine, median, pars
                           print_table, process_cpu, redis_server_version, wait_until)
 
 SIDES = ("celery", "dlq", "celery_solo", "dlq_solo", "dramatiq", "dramatiq_p1t2")
-#: Each side's failure path, then its success path (``<side>_ok``).
-VARIANTS = (*SIDES, *(f"{side}_ok" for side in SIDES))
+BEFORE_SIDES = ("dlq_before", "dlq_before_solo")
 LABELS = {"celery": "Celery retry(countdown=0.1), prefork -c 2", "dlq": "celery-dlq (delay 0.1), prefork -c 2",
           "celery_solo": "Celery retry(countdown=0.1), solo", "dlq_solo": "celery-dlq (delay 0.1), solo",
           "dramatiq": f"Dramatiq Retries, default: -p {os.cpu_count()} -t 8",
-          "dramatiq_p1t2": "Dramatiq Retries, -p 1 -t 2"}
+          "dramatiq_p1t2": "Dramatiq Retries, -p 1 -t 2",
+          "dlq_before": "celery-dlq before (--before), prefork -c 2",
+          "dlq_before_solo": "celery-dlq before (--before), solo"}
 ATTEMPTS = 3
+#: ``--before``: the directory holding the earlier ``celery_dlq`` package.
+BEFORE: str | None = None
 DRAMATIQ_OPTIONS = {"dramatiq": (), "dramatiq_p1t2": ("-p", "1", "-t", "2")}
 
 
@@ -68,8 +78,9 @@ def one_run(server: RedisServer, mode: str, n: int, run: int) -> tuple[float, tu
     stage = Stage(app, client, queue)
     stage.publish("bench.ok" if mode.endswith("_ok") else "bench.flaky", n)
     pool = ("solo", 1) if side.endswith("_solo") else ("prefork", 2)
-    worker = BenchWorker(server.url, queue, side.removesuffix("_solo"), prefix=prefix, pool=pool[0],
-                         concurrency=pool[1]).wait_ready(client)
+    before = side.startswith("dlq_before")
+    worker = BenchWorker(server.url, queue, "dlq" if before else side.removesuffix("_solo"), prefix=prefix,
+                         pool=pool[0], concurrency=pool[1], package=BEFORE if before else None).wait_ready(client)
     try:
         main0, kids0 = worker.cpu()
         redis0 = process_cpu(server._proc.pid)
@@ -133,21 +144,32 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
+    global ATTEMPTS, BEFORE, SIDES
     p = parser(__doc__)
     p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 5,000; 1,000 with --quick)")
+    p.add_argument("--attempts", type=int, default=3, help="attempts per task, all but the last failing (3)")
+    p.add_argument("--before", default=None, help="a directory holding an earlier celery_dlq package")
+    p.add_argument("--sides", default=None, help="comma-separated sides to run (default: all)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; 1 with --quick)")
     args = p.parse_args()
     n, rounds = (1000, 1) if args.quick else (5000, 3)
-    n = args.tasks or n
+    n, rounds = args.tasks or n, args.rounds or rounds
+    ATTEMPTS, BEFORE = args.attempts, args.before
+    os.environ["BENCH_ATTEMPTS"] = str(ATTEMPTS)
+    SIDES = (*SIDES, *(BEFORE_SIDES if BEFORE else ()))
+    if args.sides:
+        SIDES = tuple(side for side in SIDES if side in args.sides.split(","))
     server = RedisServer().start()
     try:
         import redis
         print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(server.url))}")
         print(f"{n} tasks per run, {rounds} interleaved round(s)\n")
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        cpu: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+        variants = (*SIDES, *(f"{side}_ok" for side in SIDES))   # each failure path, then its success path
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        cpu: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
         run = 0
         for r in range(rounds):
-            for mode in VARIANTS:
+            for mode in variants:
                 run += 1
                 seconds, used = one_run(server, mode, n, run)
                 times[mode].append(seconds)
@@ -161,8 +183,8 @@ def main() -> None:
 
 
 def report(n: int, times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float, float]]]) -> None:
-    per_run = {m: [n * attempts(m) / t for t in times[m]] for m in VARIANTS}
-    rate = {m: median(per_run[m]) for m in VARIANTS}
+    per_run = {m: [n * attempts(m) / t for t in times[m]] for m in times}
+    rate = {m: median(per_run[m]) for m in times}
     print()
     print_table(["side", "failure attempts/s: median (min-max)", "vs Celery", "success tasks/s", "share"],
                 [[LABELS[m], spread(per_run[m]), f"{rate[m] / rate['celery']:.2f}x", spread(per_run[f"{m}_ok"]),
@@ -172,10 +194,16 @@ def report(n: int, times: dict[str, list[float]], cpu: dict[str, list[tuple[floa
     print("\nCPU per failure-path attempt (median):")
     print_table(["side", "main us", "pool us", "redis us", "total us"],
                 [[LABELS[m], *(f"{x:.0f}" for x in med[m]), f"{sum(med[m]):.0f}"] for m in SIDES])
-    for pool, dlq, celery in (("prefork -c 2", "dlq", "celery"), ("solo", "dlq_solo", "celery_solo")):
+    pairs = (("prefork -c 2", "dlq", "celery"), ("solo", "dlq_solo", "celery_solo"),
+             ("prefork -c 2, before", "dlq_before", "celery"), ("solo, before", "dlq_before_solo", "celery_solo"))
+    for pool, dlq, celery in pairs:
+        if dlq not in times or celery not in times:
+            continue
         ratios = [d / c for d, c in zip(per_run[dlq], per_run[celery])]
         print(f"\n{pool}: celery-dlq / Celery = {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}, per "
               f"round) (target >= 1.5x): {'MET' if median(ratios) >= 1.5 else 'MISSED'}")
+    if "dramatiq" not in rate or "dlq" not in rate:
+        return
     dramatiq = max(("dramatiq", "dramatiq_p1t2"), key=lambda m: rate[m])
     best = max(("dlq", "dlq_solo"), key=lambda m: rate[m])
     print(f"celery-dlq (best: {LABELS[best]}, {rate[best]:.0f}/s) / Dramatiq (best: {LABELS[dramatiq]}, "

@@ -1,39 +1,45 @@
-"""Benchmark 9: N idle workers on one Redis, plain Celery and celery-dlq side by side (issue #24).
+"""Benchmark 9: N idle workers on one Redis, plain Celery and celery-dlq side by side (issues #24, #30).
 
 For each N (1, 10, 30; 1 and 3 with --quick) four private redis-servers
 run at once, each with N real ``celery worker -P solo`` processes of
 ``bench/app.py`` consuming two queues (``bench``, ``bench2``):
 
-- ``celery``: plain Celery (kombu's BRPOP, 1 s timeout);
-- ``dlq``: celery-dlq on a server with ``notify-keyspace-events Kl`` (the
-  idle fetch waits for keyspace notifications);
-- ``dlq-fallback``: celery-dlq on a server without them (the idle fetch
-  blocks on its first list, 1 s, then looks at every list);
-- ``dlq-no-fetch-moves``: as ``dlq`` with ``dlq_fetch_moves_due = False``
-  (only the mover moves due retries: the code before the fetch moved them).
+- ``celery``: plain Celery (kombu's BRPOP, 1 s timeout), a default server;
+- ``dlq``: celery-dlq on a default server (no ``CONFIG SET``, no keyspace
+  notifications): idle fetches wait for the fetch listener;
+- ``dlq-notify``: the same on a server with ``notify-keyspace-events Kl``
+  (which the fetch no longer uses: the figures must not depend on it);
+- ``dlq-no-listener``: celery-dlq with ``dlq_fetch_listener = False`` (the
+  idle fetch blocks on its first list, 1 s, then looks at every list: how
+  the code before waited on a default server).
 
 All sides are measured in the same windows, so every round is
 interleaved by construction. Reported, medians over the rounds (and min-max):
 
 1. **Idle**: Redis commands/s and Redis CPU (ms/s, ``INFO cpu``) per worker,
    from ``INFO commandstats`` deltas (the benchmark's own INFO calls excluded).
-2. **Pickup** after 60 s idle (10 s with --quick): a ``bench.stamp`` message
+2. **Per task**: ``bench.noop`` tasks published at 5/s (a trickle, workers
+   idle between them) and at 200/s (a steady load), the same on every side:
+   Redis commands per task over the window, idle included (what the server
+   sees), and beyond the idle rate of the round's idle window.
+3. **Pickup** after 60 s idle (10 s with --quick): a ``bench.stamp`` message
    carrying its publish time, on the default queue, the second queue and a
    priority sub-list (priority 9 on ``bench``); publish to task start, p50/p99
    over the samples (the first after the full idle, the next 1.5-3 s apart).
-3. **Parked retries** (celery-dlq sides): 3,000 tasks (300 with --quick)
+4. **Parked retries** (the ``dlq`` side): 3,000 tasks (300 with --quick)
    failing twice (``bench.flaky``, redelivery delay 0.1 s). The movers'
    Redis commands/s are counted with MONITOR, by command (the mover's scripts
-   and what they run inside Redis, its BZPOPMIN/PTTL/EXISTS/PEXPIRE on the mover keys, its
+   and what they run inside Redis, its BZPOPMIN on the store's wake marker, its
    HGETALL of the parked counts, its redelivered_total increments); apart
    from them, what the workers' fetch scripts run on the store's keys (their
    check for due entries and their moves: ``worker/fetch_moves.py``); the
    lateness of each redelivery is its move time (by the mover or a fetch)
    minus the entry's due time, from the archive's ``parked`` and
    ``redelivered`` events.
-4. **At rest** (the notified celery-dlq side): 1,000 retries (200 with
-   --quick) parked an hour away, nothing due: the movers' commands/s over
-   two windows (MONITOR): what coordinating N movers costs by itself.
+5. **At rest** (the ``dlq`` side): 1,000 retries (200 with --quick) parked
+   an hour away, nothing due: the movers' commands/s over two windows
+   (MONITOR), the heartbeats' apart (every worker beats: that is its
+   liveness, counted in its idle cost above).
 
 Run ``uptime`` beside it: the figures are only as quiet as the machine.
 """
@@ -56,13 +62,15 @@ from celery import Celery  # noqa: E402
 from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
 
 NOTIFY = ("--notify-keyspace-events", "Kl")
-SIDES = {"celery": ("celery", (), None), "dlq": ("dlq", NOTIFY, None), "dlq-fallback": ("dlq", (), None),
-         "dlq-no-fetch-moves": ("dlq", NOTIFY, json.dumps({"dlq_fetch_moves_due": False}))}
+SIDES = {"celery": ("celery", (), None), "dlq": ("dlq", (), None), "dlq-notify": ("dlq", NOTIFY, None),
+         "dlq-no-listener": ("dlq", (), json.dumps({"dlq_fetch_listener": False}))}
 #: The sides whose parked retries are timed, one after the other.
-PARKED_SIDES = ("dlq", "dlq-fallback", "dlq-no-fetch-moves")
+PARKED_SIDES = ("dlq",)
+#: Per-task phases: (name, tasks per second, seconds; seconds with --quick).
+LOADS = (("trickle", 5.0, 20.0, 6.0), ("load", 200.0, 10.0, 4.0))
 LISTS = {"default queue": {"queue": "bench"}, "second queue": {"queue": "bench2"},
          "priority sub-list": {"queue": "bench", "priority": 9}}
-MOVER_SCRIPTS = ("move_due", "next_due", "mover_lease", "claim_due", "ack", "release")
+MOVER_SCRIPTS = ("move_due", "next_due", "claim_due", "ack", "release")
 OWN = ("info", "monitor", "client|list", "ping", "xrange", "get", "llen", "lrange", "rpush")
 
 
@@ -94,7 +102,10 @@ class Monitor(threading.Thread):
         from celery_dlq.redis.scripts import script_source
 
         self.url, self.stop_flag, self.count, self.by = url, False, 0, {}
+        #: The workers' heartbeats (SET NX / PEXPIRE of the lease, the holder's check script): per worker.
+        self.beats = 0
         self.shas = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in MOVER_SCRIPTS}
+        self.beat_sha = hashlib.sha1(script_source("heartbeat").encode()).hexdigest()
         self.fetch_sha = hashlib.sha1(script_source("fetch").encode()).hexdigest()
         #: Commands the fetch scripts ran on the store's keys (their check for due entries, their moves).
         self.fetch_count = 0
@@ -102,7 +113,7 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         client = redis.Redis.from_url(self.url)
-        inside = in_fetch = False
+        inside = in_fetch = in_beat = False
         with client.monitor() as mon:
             self.ready.set()
             for cmd in mon.listen():
@@ -111,7 +122,9 @@ class Monitor(threading.Thread):
                 parts = cmd["command"].split(" ")
                 name = parts[0].upper()
                 if cmd.get("client_type") == "lua":
-                    if inside:
+                    if in_beat:
+                        self.beats += 1
+                    elif inside:
                         self._add(f"lua {name}")
                     elif in_fetch and len(parts) > 1 and parts[1].startswith("{"):
                         self.fetch_count += 1
@@ -119,10 +132,12 @@ class Monitor(threading.Thread):
                 inside = name == "EVALSHA" and len(parts) > 1 and parts[1] in self.shas
                 in_fetch = name == "EVALSHA" and len(parts) > 1 and parts[1] == self.fetch_sha
                 key = parts[1] if len(parts) > 1 else ""
-                if inside:
+                in_beat = name == "EVALSHA" and key == self.beat_sha
+                if (name in ("SET", "PEXPIRE") and key.endswith(":mover")) or in_beat:
+                    self.beats += 1
+                elif inside:
                     self._add(f"EVALSHA {self.shas[parts[1]]}")
-                elif (name == "BZPOPMIN" and key.endswith(":wake")) or (name == "PTTL" and key.endswith(":mover")) \
-                        or (name in ("EXISTS", "PEXPIRE") and key.endswith((":mover", ":mover:standby"))) \
+                elif (name == "BZPOPMIN" and key.endswith(":wake")) \
                         or (name == "HGETALL" and key.endswith(":parked")) \
                         or (name == "SMEMBERS" and key.endswith(":layout")) \
                         or (name == "HINCRBY" and key.endswith(":metrics") and "redelivered_total" in cmd["command"]):
@@ -164,7 +179,7 @@ def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
 def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, tasks: int, park: int,
           parked_rounds: int = 1, at_rest_only: float = 0.0) -> dict:
     """Every phase for N workers per side; with ``at_rest_only`` (seconds) only phase 4, that long, on the
-    notified celery-dlq side."""
+    ``dlq`` side."""
     sides = {side: start_side(n, side) for side in (("dlq",) if at_rest_only else SIDES)}
     clients = {side: redis.Redis.from_url(server.url) for side, (server, _) in sides.items()}
     result: dict = {"n": n, "idle": {}, "pickup": {}, "parked": {}}
@@ -211,6 +226,13 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
                         time.sleep(0.002)
                     result["pickup"].setdefault(side, {}).setdefault(label, []).append(float(c.lindex(key, -1)))
                 time.sleep(random.uniform(1.5, 3.0))
+        idle = {side: median([w[0] for w in result["idle"][side]]) for side in SIDES}
+        for _ in range(rounds):   # every side at once: interleaved by construction
+            for name, rate, seconds, quick_seconds in LOADS:
+                phase = per_task_phase(clients, apps, rate, quick_seconds if window < 10 else seconds, idle, n)
+                for side, values in phase.items():
+                    result.setdefault("per_task", {}).setdefault(name, {}).setdefault(side, []).append(values)
+                time.sleep(2.0)   # back to idle
         for k in range(parked_rounds):   # interleaved: each round runs every side once, in a rotated order
             for side in PARKED_SIDES[k % len(PARKED_SIDES):] + PARKED_SIDES[:k % len(PARKED_SIDES)]:
                 result["parked"].setdefault(side, []).append(
@@ -274,7 +296,35 @@ def at_rest_phase(url: str, client: redis.Redis, app: Celery, side: str, n: int,
     seconds = time.monotonic() - started
     monitor.stop()
     return {"parked": int(client.zcard(f"{{b9{side}}}:delayed")), "seconds": seconds,
-            "fetch_moves_cmds_s": monitor.fetch_count / seconds, "mover_cmds_s": monitor.count / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
+            "fetch_moves_cmds_s": monitor.fetch_count / seconds, "mover_cmds_s": monitor.count / seconds,
+            "beats_cmds_s": monitor.beats / seconds, "mover_by": {k: v / seconds for k, v in monitor.by.items()}}
+
+
+def per_task_phase(clients: dict, apps: dict, rate: float, seconds: float, idle: dict, n: int) -> dict:
+    """``bench.noop`` at ``rate``/s for ``seconds`` on every side at once: commands per task, idle included and
+    beyond ``idle`` (each side's commands/s per worker of the round's idle window)."""
+    count = int(rate * seconds)
+    before = {side: snapshot(c) for side, c in clients.items()}
+    producers = {side: app.producer_or_acquire() for side, app in apps.items()}
+    entered = {side: p.__enter__() for side, p in producers.items()}
+    started = time.monotonic()
+    for i in range(count):
+        for side, app in apps.items():
+            app.send_task("bench.noop", args=(i,), queue="bench", producer=entered[side])
+        time.sleep(max(0.0, started + (i + 1) / rate - time.monotonic()))
+    for p in producers.values():
+        p.__exit__(None, None, None)
+    end = time.monotonic() + 120
+    while any(c.llen("bench") for c in clients.values()) and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.5)   # the last tasks' acks
+    after = {side: snapshot(c) for side, c in clients.items()}
+    out = {}
+    for side in clients:
+        window = after[side][0] - before[side][0]
+        total = sum(rates(before[side], after[side], 1)[2].values()) * window
+        out[side] = (total / count, (total - idle[side] * n * window) / count)
+    return out
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -291,6 +341,20 @@ def report(results: list[dict]) -> None:
                                                                              key=lambda kv: -kv[1])[:5])])
     print("\nIdle, per worker (median of the rounds, min-max):")
     print_table(["N", "side", "commands/s", "Redis CPU ms/s", "by command (one round)"], rows)
+    rows = []
+    for r in results:
+        for name, *_ in LOADS:
+            per = r.get("per_task", {}).get(name, {})
+            base = median([v[0] for v in per.get("celery", [(1, 1)])])
+            base_marginal = median([v[1] for v in per.get("celery", [(1, 1)])])
+            for side in (side for side in SIDES if side in per):
+                rows.append([r["n"], name, side, spread([v[0] for v in per[side]], "{:.1f}"),
+                             f"{median([v[0] for v in per[side]]) / base:.2f}x",
+                             spread([v[1] for v in per[side]], "{:.1f}"),
+                             f"{median([v[1] for v in per[side]]) / base_marginal:.2f}x"])
+    print("\nRedis commands per task (bench.noop at 5/s: a trickle; at 200/s: a load), median (min-max) of the "
+          "rounds, idle included and beyond the round's idle rate, each against plain Celery:")
+    print_table(["N", "phase", "side", "per task", "vs celery", "beyond idle", "vs celery"], rows)
     rows = []
     for r in results:
         for side in SIDES:
@@ -312,10 +376,11 @@ def report(results: list[dict]) -> None:
           "commands/s (MONITOR), the fetches' commands/s on the store's keys, lateness (ms):")
     print_table(["N", "side", "rounds", "tasks", "s", "movers cmd/s", "fetch moves cmd/s", "all cmd/s", "late p50",
                  "late p99", "max", "moves", "movers cmd/move"], rows)
-    print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR):")
-    print_table(["N", "parked", "s", "movers cmd/s", "by command (/s)"],
+    print("\nRetries parked an hour away, nothing due (the dlq side): the movers' commands/s (MONITOR), and "
+          "every worker's heartbeats together:")
+    print_table(["N", "parked", "s", "movers cmd/s", "heartbeats cmd/s", "by command (/s)"],
                 [[r["n"], r["at_rest"]["parked"], f"{r['at_rest']['seconds']:.0f}",
-                  f"{r['at_rest']['mover_cmds_s']:.2f}",
+                  f"{r['at_rest']['mover_cmds_s']:.2f}", f"{r['at_rest'].get('beats_cmds_s', 0):.2f}",
                   ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["at_rest"]["mover_by"].items(),
                                                                 key=lambda kv: -kv[1]))]
                  for r in results])
@@ -331,7 +396,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the raw results here")
     p.add_argument("--parked-rounds", type=int, default=3, help="interleaved rounds of the parked phase (default 3)")
     p.add_argument("--at-rest-only", type=float, default=0.0, metavar="SECONDS",
-                   help="only the at-rest phase (4), counted over SECONDS, on the notified celery-dlq side")
+                   help="only the at-rest phase (5), counted over SECONDS, on the dlq side")
     args = p.parse_args()
     ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
     rounds, window = (2, 5.0) if args.quick else (3, 20.0)

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_key_prefix": "celery_dlq",
     "dlq_mover_interval": 0.2,      # the moving worker's longest wait where it cannot block (several shards)
     "dlq_mover_lease": 10.0,        # one worker moves; another takes over at most this long after it dies
+    "dlq_heartbeat_interval": None,  # every worker beats (takes a free mover lease) this often: lease/4, <= 2.5
     "dlq_mover_batch_size": 100,    # entries claimed per Redis round trip
     "dlq_claim_lease": 30.0,        # a claimed entry becomes due again if not published by then
     "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
@@ -42,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
     "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again
-    "dlq_fetch_notifications": "auto",  # wake an idle fetch by keyspace notifications: auto, off, configure
+    "dlq_fetch_listener": True,     # one worker hears pushes and wakes one idle fetch per message (Redis broker)
+    "dlq_fetch_notifications": "auto",  # obsolete (the fetch listener needs no notifications): accepted, ignored
     "dlq_fetch_moves_due": True,    # a fetch first moves due parked retries of its own queues (Redis broker)
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
     "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
@@ -78,8 +80,7 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-#: ``dlq_fetch_notifications``: use keyspace notifications where the server sends them already, never, or
-#: turn list events on (``CONFIG SET notify-keyspace-events``, adding ``Kl`` to what is set).
+#: ``dlq_fetch_notifications`` (obsolete): the values it took, still accepted so a configuration keeps working.
 FETCH_NOTIFICATIONS = ("auto", "off", "configure")
 
 
@@ -103,6 +104,7 @@ class DLQSettings:
     global_keyprefix: str
     mover_interval: float
     mover_lease: float
+    heartbeat_interval: float
     mover_batch_size: int
     claim_lease: float
     delivery_count_ttl: float
@@ -110,7 +112,7 @@ class DLQSettings:
     events_max_length: int
     fetch_transport: bool
     fetch_wait: float
-    fetch_notifications: str
+    fetch_listener: bool
     fetch_moves_due: bool
     redis_cluster: bool
     store_shards: int
@@ -131,12 +133,20 @@ class DLQSettings:
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}"):
             raise ConfigurationError(
                 f"dlq_key_prefix must be a non-empty string without braces, got {prefix!r}")
+        _choice("dlq_fetch_notifications", get("dlq_fetch_notifications"), FETCH_NOTIFICATIONS)
+        mover_lease = _positive("dlq_mover_lease", get("dlq_mover_lease"))
+        heartbeat = get("dlq_heartbeat_interval")
+        heartbeat = min(2.5, mover_lease / 4) if heartbeat is None else _positive("dlq_heartbeat_interval", heartbeat)
+        if heartbeat * 3 > mover_lease:
+            raise ConfigurationError(f"dlq_heartbeat_interval ({heartbeat:g}) must be at most a third of "
+                                     f"dlq_mover_lease ({mover_lease:g}): the holder renews the lease at each beat")
         return cls(
             store_url=_redis_url(conf),
             key_prefix=prefix,
             global_keyprefix=_global_keyprefix(conf),
             mover_interval=_positive("dlq_mover_interval", get("dlq_mover_interval")),
-            mover_lease=_positive("dlq_mover_lease", get("dlq_mover_lease")),
+            mover_lease=mover_lease,
+            heartbeat_interval=heartbeat,
             mover_batch_size=_count("dlq_mover_batch_size", get("dlq_mover_batch_size")),
             claim_lease=_positive("dlq_claim_lease", get("dlq_claim_lease")),
             delivery_count_ttl=_positive("dlq_delivery_count_ttl", get("dlq_delivery_count_ttl")),
@@ -144,8 +154,7 @@ class DLQSettings:
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),
             fetch_transport=_flag("dlq_fetch_transport", get("dlq_fetch_transport")),
             fetch_wait=_positive("dlq_fetch_wait", get("dlq_fetch_wait")),
-            fetch_notifications=_choice("dlq_fetch_notifications", get("dlq_fetch_notifications"),
-                                        FETCH_NOTIFICATIONS),
+            fetch_listener=_flag("dlq_fetch_listener", get("dlq_fetch_listener")),
             fetch_moves_due=_flag("dlq_fetch_moves_due", get("dlq_fetch_moves_due")),
             redis_cluster=_cluster(conf, _flag("dlq_redis_cluster", get("dlq_redis_cluster"))),
             store_shards=_count("dlq_store_shards", get("dlq_store_shards")),

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_dlq.errors import BrokerNotSupported
@@ -67,3 +69,10 @@ def broker_client(conf: Any, client: Any, redis_url: str) -> Any:
     """A client on the broker's Redis: ``client`` itself when it is ``redis_url``'s and that is the broker."""
     url = broker_url(conf)
     return client if url == redis_url else connect(url)
+
+
+def listener_client(url: str) -> Any:
+    """A client on the broker for the fetch listener: RESP2, whose pub/sub connection receives key
+    invalidations as messages (redis-py 8 speaks RESP3 by default, where they arrive as pushes only its own
+    cache handles), and no retries, so that no connection comes back silently without its tracking."""
+    return open_client(url, socket_connect_timeout=5, socket_timeout=30, protocol=2, retry=Retry(NoBackoff(), 0))

@@ -133,6 +133,22 @@ class Keys:
         """STREAM, capped: the dead-letter archive (park, redelivery, dead letter, ...; ``events.py``)."""
         return self.base + ":events"
 
+    def web_session(self, digest: str) -> str:
+        """HASH, expiring: one dashboard login (``user``, ``created``, ``expires``, ``address``, ``tag``);
+        ``digest`` is the SHA-256 of the session cookie, so what Redis holds cannot be replayed as a cookie
+        (``web/sessions.py``)."""
+        return f"{self.base}:web:session:{digest}"
+
+    @property
+    def web_sessions(self) -> str:
+        """ZSET session digest -> expiry (s): every dashboard login, to list and revoke them by user."""
+        return self.base + ":web:sessions"
+
+    def web_login_failures(self, scope: str, who: str) -> str:
+        """STRING counter, expiring at the end of its window: failed dashboard logins of one client address
+        (``scope`` ``addr``) or one user name (``user``), shared by every dashboard process (``web/throttle.py``)."""
+        return f"{self.base}:web:failures:{scope}:{who}"
+
     def delivery_count(self, task_id: str) -> str:
         """STRING counter: how many times the task's message was delivered."""
         return f"{self.base}:count:{task_id}"
@@ -158,9 +174,25 @@ class Keys:
         return f"{self.base}:fetched:{consumer}"
 
     def fetch_wake(self, consumer: str) -> str:
-        """ZSET with at most one member: the token that ends one consumer's idle fetch wait (on the broker's
-        Redis; written when a keyspace notification says one of its lists was pushed to)."""
+        """ZSET, on the broker's Redis: written when one channel closes, to end its own idle wait at once."""
         return f"{self.base}:fetchwake:{consumer}"
+
+    def fetch_marker(self, queue: str) -> str:
+        """ZSET with at most one member, on the broker's Redis: written by the fetch listener when ``queue``'s
+        lists hold a message (``fetch_signal.lua``); an idle fetch blocks on it (``BZPOPMIN``), so one
+        message wakes one worker, and deleted by a fetch that finds the queue empty."""
+        return f"{self.base}:marker:{queue}"
+
+    @property
+    def fetch_queues(self) -> str:
+        """ZSET queue -> when a fetch last found it empty (ms), on the broker: the queues the listener hears."""
+        return self.base + ":fetch:queues"
+
+    @property
+    def fetch_listening(self) -> str:
+        """SET, expiring, on the broker: the queues a live fetch listener hears; a fetch blocks on their
+        markers only when all of its queues are here."""
+        return self.base + ":fetch:listening"
 
     @property
     def due_wake(self) -> str:
@@ -170,18 +202,9 @@ class Keys:
 
     @property
     def mover_lease(self) -> str:
-        """STRING, expiring: the id of the one worker that moves due entries (home set only)."""
+        """STRING, expiring: the id of the one worker that moves due entries and runs the fetch listener
+        (home set only; ``redis/lease.py``)."""
         return self.base + ":mover"
-
-    @property
-    def mover_standby(self) -> str:
-        """STRING, expiring: the id of the worker that takes the lease over as soon as it expires."""
-        return self.base + ":mover:standby"
-
-    @property
-    def movers(self) -> str:
-        """ZSET mover id -> when it stops counting (ms): the other movers, whose count scales their tries."""
-        return self.base + ":movers"
 
     def chord_member(self, task_id: str) -> str:
         """HASH: a dead-lettered chord member's ledger entry (``state``: waiting, released, failed, continued;

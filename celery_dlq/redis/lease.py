@@ -1,81 +1,62 @@
-"""The mover lease: which one worker moves due entries, which one stands by, and how many others there are.
+"""The mover lease: which one worker moves due entries and runs the fetch listener, taken by heartbeats.
 
-One script (``lua/mover_lease.lua``) takes or renews the lease, else the
-standby's place, else counts the caller among the other movers. The keys
-live in the home set (``{<prefix>}``), so the lease covers every shard.
-Public times are seconds; Redis holds milliseconds.
+Every worker beats every ``dlq_heartbeat_interval`` seconds
+(:class:`celery_dlq.worker.heartbeat.Heartbeat`). A worker without the
+lease tries to take it (``SET NX PX``: one command); the holder renews it
+(a plain ``PEXPIRE``, and every :data:`VERIFY_EVERY` beats
+``lua/heartbeat.lua``, which renews only its own lease). The lease lives
+``dlq_mover_lease`` minus one interval, so whichever workers die (the
+holder, any others, all but one), a survivor's next beat takes it within
+``dlq_mover_lease`` of the holder's last beat. The key lives in the home
+set (``{<prefix>}``), so the lease covers every shard. Public times are
+seconds; Redis holds milliseconds.
 """
 from __future__ import annotations
 
-import enum
-import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.redis.store import to_ms
 
-
-class Role(enum.IntEnum):
-    """What a mover is after a try for the lease."""
-
-    OTHER = 0     # neither: counts itself, tries again after an interval scaled by the count
-    HOLDER = 1    # holds the lease: the one that moves
-    STANDBY = 2   # watches the lease and takes it the moment it expires
-    RELEASED = 3
-
-
-@dataclass(frozen=True)
-class Turn:
-    """The answer of one try: the role, and for :attr:`Role.OTHER` how many other movers count."""
-
-    role: Role
-    others: int = 0
+#: The holder checks with a script that the lease is still its own every this many beats; the beats
+#: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another
+#: worker took meanwhile, is a second mover for at most this many beats: safe (a claim is a lease of its own).
+VERIFY_EVERY = 4
 
 
 class MoverLease:
-    """The lease of one store (its home key set) for the mover ``ident``."""
+    """The lease of one store (its home key set) for the worker ``ident``, taken and renewed by its beats."""
 
-    def __init__(self, client: Any, keys: Keys, ident: str, lease: float,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.client, self.keys, self.ident, self.lease, self.clock = client, keys, ident, lease, clock
+    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float) -> None:
+        self.client, self.keys, self.ident, self.lease, self.interval = client, keys, ident, lease, interval
+        self.held = False
+        self._beats = 0
         self._scripts = Scripts(client)
 
-    def _run(self, counted_for: float, release: bool = False) -> Turn:
-        k, now = self.keys, self.clock()
-        role, others = self._scripts.run(
-            "mover_lease", [k.mover_lease, k.mover_standby, k.movers],
-            [self.ident, to_ms(self.lease), to_ms(self.standby_ttl), to_ms(now), to_ms(now + counted_for),
-             "release" if release else ""])
-        return Turn(Role(int(role)), int(others))
-
     @property
-    def standby_ttl(self) -> float:
-        """How long the standby's place outlives its last renewal (seconds): six leases."""
-        return 6 * self.lease
+    def ttl_ms(self) -> int:
+        """How long the lease outlives its holder's last beat (ms): ``dlq_mover_lease`` minus one interval."""
+        return to_ms(self.lease - self.interval)
 
-    def keep_place(self) -> None:
-        """Renew the standby's place (one ``PEXPIRE``; should another worker hold it meanwhile, its place is
-        renewed instead, which does no harm: the next try sorts the roles out)."""
-        self.client.pexpire(self.keys.mover_standby, to_ms(self.standby_ttl))
-
-    def try_turn(self, counted_for: float) -> Turn:
-        """Take or renew the lease, else the standby's place, else count this mover for ``counted_for`` seconds."""
-        return self._run(counted_for)
+    def beat(self) -> bool:
+        """One beat: take the lease if it is free, or renew it; whether this worker holds it now."""
+        key = self.keys.mover_lease
+        if not self.held:
+            self.held, self._beats = bool(self.client.set(key, self.ident, nx=True, px=self.ttl_ms)), 0
+            return self.held
+        self._beats += 1
+        if self._beats % VERIFY_EVERY:
+            self.held = bool(self.client.pexpire(key, self.ttl_ms))
+        else:
+            self.held = int(self._scripts.run("heartbeat", [key], [self.ident, self.ttl_ms, "renew"])) == 1
+        return self.held
 
     def release(self) -> None:
-        """Give up the lease and the standby's place (a stopping worker): no waiting for them to expire."""
-        self._run(0.0, release=True)
-
-    def both_held(self) -> bool:
-        """Whether the lease and the standby's place are both held (one ``EXISTS``)."""
-        return int(self.client.exists(self.keys.mover_lease, self.keys.mover_standby)) == 2
-
-    def remaining(self) -> float:
-        """Seconds until the lease expires; 0 when nobody holds it (one ``PTTL``)."""
-        ms = self.client.pttl(self.keys.mover_lease)
-        return max(0.0, ms / 1000) if ms is not None and ms > 0 else 0.0
+        """Give the lease up (a stopping worker): another worker takes it at its next beat."""
+        if self.held:
+            self.held = False
+            self._scripts.run("heartbeat", [self.keys.mover_lease], [self.ident, self.ttl_ms, "release"])
 
     def wait_for_due(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds on the home set's wake marker (``park.lua`` writes it); True if woken."""

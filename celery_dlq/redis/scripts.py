@@ -33,7 +33,7 @@ SCRIPT_NAMES = (
     "remove_letters",
     "find_letter",
     "trend",
-    "mover_lease",
+    "heartbeat",
     "append_events",
     "chord_hold",
     "chord_settle",

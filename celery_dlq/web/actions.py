@@ -1,9 +1,12 @@
-"""What changes state: log in and out, replay, purge, redeliver or delete parked retries.
+"""What changes state: log in and out, replay, purge, redeliver or delete parked retries, revoke sessions.
 
 Every change is a POST whose form carries the CSRF token (:func:`posted`
-refuses it otherwise) and, except the login, is refused on a read-only
-dashboard. A replay or purge first shows a confirmation (a GET) stating how
-many dead letters will move, then runs as a background job
+refuses it otherwise) and, except the login and logout, is refused (and
+logged) unless the user's role may take it (:mod:`~celery_dlq.web.roles`:
+replay and redeliver need an operator, purge, delete and revoke an admin;
+on a read-only dashboard everyone is a viewer). A replay or purge first
+shows a confirmation (a GET) stating how many dead letters will move, then
+runs as a background job
 (:mod:`~celery_dlq.web.jobs`). What to act on is one of: the task ids
 ticked (``id``), every dead letter matching the filter, or, with ``all``,
 the whole DLQ, the same selections as ``celery dlq replay``/``purge``.
@@ -22,29 +25,30 @@ from starlette.routing import Route
 
 from celery_dlq.ops.letters import Filter, TaskIds
 from celery_dlq.ops.queue import DeadLetterQueue
-from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, TOKEN_USER
-from celery_dlq.web.middleware import cookie_path
+from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE
+from celery_dlq.web.jobs import Job
+from celery_dlq.web.middleware import client_address, cookie_path
 from celery_dlq.web.query import Query
 from celery_dlq.web.render import href, render
+from celery_dlq.web.roles import require
+from celery_dlq.web.users import TOKEN_USER
 from celery_dlq.web.views import next_path
 
 logger = logging.getLogger(__name__)
 VERBS = {"replay": "Replay", "purge": "Purge"}
+PARKED_VERBS = ("redeliver", "delete")
 
 
-async def posted(request: Request, *, change: bool = True) -> FormData:
-    """The POSTed form, once its CSRF token is checked (and, for a ``change``, the dashboard is not read-only)."""
+async def posted(request: Request, action: str | None = None) -> FormData:
+    """The POSTed form, once the role may take ``action`` (None: the login and logout) and its CSRF token is checked."""
+    if action is not None:
+        require(request, action)
     form = await request.form()
     if not request.app.state.access.csrf_ok(request.cookies.get(CSRF_COOKIE), form.get(CSRF_FIELD)):
+        logger.warning("celery-dlq web: refused %s %s to user %r: CSRF token missing or wrong", request.method,
+                       request.url.path, getattr(request.state, "user", None))
         raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again (nothing was changed)")
-    if change:
-        refuse_if_read_only(request)
     return form
-
-
-def refuse_if_read_only(request: Request) -> None:
-    if request.app.state.read_only:
-        raise HTTPException(403, "this dashboard is read-only: actions are disabled (nothing was changed)")
 
 
 class Selection:
@@ -85,20 +89,26 @@ class Selection:
 
 def confirm_page(request: Request) -> Response:
     """How many dead letters the action will move, and the button that does it."""
-    refuse_if_read_only(request)
+    verb = request.query_params.get("action", "")
+    require(request, verb if verb in VERBS else "replay")
     dead = request.app.state.op.queue(request.path_params["name"])
-    selection = Selection(request.query_params, request.query_params.get("action", ""))
+    selection = Selection(request.query_params, verb)
     return render(request, "confirm.html", dead=dead, selection=selection, count=selection.count(dead),
                   title=selection.describe(dead))
 
 
 async def act(request: Request) -> Response:
     """Start the replay or purge the confirmation page posted, and show its job."""
-    form = await posted(request)
     verb = request.path_params["verb"]
-    op = request.app.state.op
-    dead = await run_in_threadpool(op.queue, request.path_params["name"])
-    selection = Selection(form, verb)
+    form = await posted(request, verb if verb in VERBS else "replay")
+    job = await start(request, request.path_params["name"], Selection(form, verb), _expected(form))
+    return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
+
+
+async def start(request: Request, name: str, selection: Selection, expected: int | None) -> Job:
+    """Start ``selection``'s replay or purge of DLQ ``name`` as a background job (the role was checked)."""
+    verb, op = selection.verb, request.app.state.op
+    dead = await run_in_threadpool(op.queue, name)
     if verb == "replay" and selection.to == dead.name:
         raise HTTPException(400, f"cannot replay {dead.name} into itself")
     where = selection.where()
@@ -112,9 +122,7 @@ async def act(request: Request) -> Response:
             out.missing += len(where.missing)
         return out
 
-    job = request.app.state.jobs.start(selection.describe(dead), verb, dead.name, _expected(form), request.state.user,
-                                       work)
-    return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
+    return request.app.state.jobs.start(selection.describe(dead), verb, dead.name, expected, request.state.user, work)
 
 
 def _expected(form: FormData) -> int | None:
@@ -125,9 +133,16 @@ def _expected(form: FormData) -> int | None:
 
 async def parked_action(request: Request) -> Response:
     """Redeliver a parked retry now, or delete it; an entry already gone is reported, not an error."""
-    form = await posted(request)
-    verb, entry_id = request.path_params["verb"], str(form.get("entry_id") or "")
-    if verb not in ("redeliver", "delete") or not entry_id:
+    verb = request.path_params["verb"]
+    form = await posted(request, verb if verb in PARKED_VERBS else "delete")
+    entry_id = str(form.get("entry_id") or "")
+    n = await act_on_parked(request, verb, entry_id)
+    return render(request, "parked_done.html", verb=verb, entry_id=entry_id, n=n)
+
+
+async def act_on_parked(request: Request, verb: str, entry_id: str) -> int:
+    """Redeliver or delete one parked retry (the role was checked); how many entries it took (0: gone already)."""
+    if verb not in PARKED_VERBS or not entry_id:
         raise HTTPException(400, "redeliver or delete one parked retry: entry_id is required")
     parked = request.app.state.op.parked
     if verb == "redeliver":
@@ -135,28 +150,60 @@ async def parked_action(request: Request) -> Response:
     else:
         n = await run_in_threadpool(lambda: parked.delete(entry_id, force=True))
     logger.info("celery-dlq web: %s parked retry %s by %s: %d", verb, entry_id, request.state.user, n)
-    return render(request, "parked_done.html", verb=verb, entry_id=entry_id, n=n)
+    return n
 
 
 async def login(request: Request) -> Response:
-    form = await posted(request, change=False)
-    access, user = request.app.state.access, str(form.get("user") or "").strip()
+    """Take a try (none left: refused unchecked), check the password, then start a session in Redis."""
+    form = await posted(request)
+    user, address = str(form.get("user") or "").strip(), client_address(request)
     target = next_path(str(form.get("next") or ""))
-    if not access.check_password(user, str(form.get("password") or "")):
-        logger.warning("celery-dlq web: failed login for user %r", user)
+    state = request.app.state
+    if not await run_in_threadpool(state.throttle.take, address, user):
+        logger.warning("celery-dlq web: refused login of user %r from %s: too many failed logins", user[:200],
+                       address)
+        return render(request, "login.html", 429, next=target, token_user=TOKEN_USER,
+                      error="too many failed logins: try again later")
+    if not state.access.check_password(user, str(form.get("password") or "")):
+        logger.warning("celery-dlq web: failed login for user %r from %s", user[:200], address)
         return render(request, "login.html", 401, next=target, error="wrong user or password",
                       token_user=TOKEN_USER)
+    await run_in_threadpool(state.throttle.succeeded, address, user)
+    await run_in_threadpool(state.sessions.end, request.cookies.get(SESSION_COOKIE))   # no session outlives a login
+    session = await run_in_threadpool(state.sessions.create, user, address, state.access.tag(user))
     response = RedirectResponse(href(request, target), 303)
-    response.set_cookie(SESSION_COOKIE, access.session(user), path=cookie_path(request), httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    response.set_cookie(SESSION_COOKIE, session, path=cookie_path(request),
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 
 
 async def logout(request: Request) -> Response:
-    await posted(request, change=False)
+    """End the session for every dashboard process (not only forget the cookie)."""
+    await posted(request)
+    await run_in_threadpool(request.app.state.sessions.end, request.cookies.get(SESSION_COOKIE))
     response = RedirectResponse(href(request, "/login"), 303)
     response.delete_cookie(SESSION_COOKIE, path=cookie_path(request))
     return response
+
+
+def sessions_page(request: Request, revoked: int | None = None, revoked_user: str = "") -> Response:
+    """Every live login (admins only), each with a button that revokes its user's sessions."""
+    require(request, "revoke")
+    access = request.app.state.access
+    sessions = request.app.state.sessions.list()
+    return render(request, "sessions.html", sessions=sessions, revoked=revoked, revoked_user=revoked_user,
+                  roles={s.user: access.role(s.user) for s in sessions})
+
+
+async def revoke(request: Request) -> Response:
+    """End every session of the user posted, in every process (admins only)."""
+    form = await posted(request, "revoke")
+    user = str(form.get("user") or "").strip()
+    if not user:
+        raise HTTPException(400, "say whose sessions to revoke: user is required")
+    n = await run_in_threadpool(request.app.state.sessions.revoke, user)
+    logger.warning("celery-dlq web: revoked %d session(s) of user %r, by %r", n, user, request.state.user)
+    return await run_in_threadpool(sessions_page, request, n, user)
 
 
 ROUTES = [
@@ -165,4 +212,6 @@ ROUTES = [
     Route("/parked/{verb}", parked_action, methods=["POST"], name="parked_action"),
     Route("/login", login, methods=["POST"], name="login_post"),
     Route("/logout", logout, methods=["POST"], name="logout"),
+    Route("/sessions", sessions_page, name="sessions"),
+    Route("/sessions/revoke", revoke, methods=["POST"], name="revoke"),
 ]

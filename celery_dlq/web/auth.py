@@ -1,19 +1,22 @@
-"""Who may use the dashboard, and proof that a POST came from its own form.
+"""Who may use the dashboard, with which role, and proof that a POST came from its own form.
 
-Three ways in, chosen when the app is built (:class:`Access`):
+Ways in, chosen when the app is built (:class:`Access`):
 
-- basic auth, several ``user:password`` pairs (as Flower's ``--basic-auth``):
-  an ``Authorization: Basic`` header, or the login form, which sets a signed
-  session cookie;
+- users (:mod:`~celery_dlq.web.users`: ``--users-file``,
+  ``$CELERY_DLQ_WEB_USERS``, ``--basic-auth``), each with a role: an
+  ``Authorization: Basic`` header, or the login form, which starts a session
+  kept in Redis (:mod:`~celery_dlq.web.sessions`);
 - a token (setting ``dlq_web_token`` or ``CELERY_DLQ_WEB_TOKEN``):
   ``Authorization: Bearer <token>``, or the login form with user ``token``;
+  its role is ``token_role`` (admin unless told otherwise);
 - nothing, only when asked for (``no_auth``) and only for clients on the
-  loopback interface.
+  loopback interface; they are admins (viewers with ``read_only``).
 
-Every state-changing request is a POST carrying a CSRF token: an HMAC of a
-random per-browser nonce kept in an HttpOnly, SameSite=Strict cookie (a
-double-submit token another site can neither read nor compute). Passwords
-and tokens are compared in constant time and never logged.
+``read_only`` makes everyone a viewer. Every state-changing request is a
+POST carrying a CSRF token: an HMAC of a random per-browser nonce kept in
+an HttpOnly, SameSite=Strict cookie (a double-submit token another site can
+neither read nor compute). Passwords and tokens are compared in constant
+time and never logged.
 """
 from __future__ import annotations
 
@@ -22,29 +25,19 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-import time
 from dataclasses import dataclass, field
-from typing import Iterable
+
+from celery_dlq.web.users import ADMIN, ROLES, TOKEN_USER, VIEWER, User, check, credential_tag
 
 SESSION_COOKIE = "dlq_session"
 CSRF_COOKIE = "dlq_csrf"
 CSRF_FIELD = "csrf_token"
-TOKEN_USER = "token"
-#: A login lasts this long (seconds).
-SESSION_TTL = 12 * 3600
-
-
-def parse_users(pairs: Iterable[str]) -> dict[str, str]:
-    """``["alice:pw", ...]`` -> ``{"alice": "pw"}``; a pair without ``:`` or an empty name is an error."""
-    users: dict[str, str] = {}
-    for pair in pairs:
-        user, sep, password = pair.partition(":")
-        if not sep or not user or not password:
-            raise ValueError("--basic-auth takes user:password (both non-empty)")
-        if user == TOKEN_USER:
-            raise ValueError(f"the user name {TOKEN_USER!r} is reserved for the token login")
-        users[user] = password
-    return users
+#: How many right user and password pairs are remembered (then forgotten all at once).
+VERIFIED_MAX = 1024
+#: The user of a ``no_auth`` dashboard (a loopback client).
+LOCAL_USER = "local"
+#: Compared against when the user is unknown, so a wrong name is not answered faster than a wrong plain password.
+_NOBODY = User("", VIEWER, secrets.token_hex(16))
 
 
 def is_loopback(host: str | None) -> bool:
@@ -54,68 +47,92 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def _equal(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
-
-
 @dataclass
 class Access:
-    """The dashboard's credentials and signing secret (a random one per process unless given)."""
+    """The dashboard's credentials, roles and signing secret (a random one per process unless given)."""
 
-    users: dict[str, str] = field(default_factory=dict)
-    token: str | None = None
+    users: dict[str, User] = field(default_factory=dict)
+    token: str | None = field(default=None, repr=False)     # never in a log line or a traceback
     no_auth: bool = False
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    token_role: str = ADMIN
+    read_only: bool = False
+    _tags: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    #: HMACs (keyed with ``secret``) of user and password pairs checked right: a script's ``Authorization``
+    #: header then costs one HMAC per request, not 600,000 PBKDF2 rounds.
+    _verified: set[str] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.users or self.token or self.no_auth):
-            raise ValueError("the dashboard needs credentials: basic_auth users, a token "
-                             "(dlq_web_token / CELERY_DLQ_WEB_TOKEN), or no_auth=True on 127.0.0.1")
+            raise ValueError("the dashboard needs credentials: users (--users-file, CELERY_DLQ_WEB_USERS, "
+                             "--basic-auth), a token (dlq_web_token / CELERY_DLQ_WEB_TOKEN), or no_auth=True "
+                             "on 127.0.0.1")
+        if self.token_role not in ROLES:
+            raise ValueError(f"token_role must be one of {', '.join(ROLES)}, not {self.token_role!r}")
+        self._tags = {name: credential_tag(name, user.password) for name, user in self.users.items()}
+        if self.token is not None:
+            self._tags[TOKEN_USER] = credential_tag(TOKEN_USER, self.token)
+
+    def tag(self, user: str) -> str:
+        """The credential tag a session of ``user`` must carry (:func:`~celery_dlq.web.users.credential_tag`)."""
+        return self._tags.get(user, "")
+
+    def session_ok(self, user: str | None, tag: str) -> bool:
+        """A session of ``user`` opened with the credential ``user`` has now (a changed password or token: no)."""
+        return self.known(user) and bool(tag) and hmac.compare_digest(tag.encode(), self.tag(str(user)).encode())
 
     def check_password(self, user: str, password: str) -> bool:
         if user == TOKEN_USER:
-            return self.token is not None and _equal(password, self.token)
-        expected = self.users.get(user)
-        return expected is not None and _equal(password, expected)
+            return self.token is not None and hmac.compare_digest(password.encode(), self.token.encode())
+        seen = self._sign(f"password:{user}\0{password}")
+        if seen in self._verified:
+            return True
+        known = self.users.get(user)
+        ok = check((known or _NOBODY).password, password) and known is not None
+        if ok:
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()
+            self._verified.add(seen)
+        return ok
 
-    def from_header(self, header: str | None) -> str | None:
-        """The user an ``Authorization`` header proves; None when absent or wrong."""
+    def known(self, user: str | None) -> bool:
+        """Whether ``user`` may still log in (a session outlives neither its user nor the token)."""
+        return user in self.users or (user == TOKEN_USER and self.token is not None) or (
+            user == LOCAL_USER and self.no_auth)
+
+    def role(self, user: str | None) -> str | None:
+        """``user``'s role now (so a changed role applies to open sessions); None for nobody."""
+        if not self.known(user):
+            return None
+        if self.read_only:
+            return VIEWER
+        if user == TOKEN_USER:
+            return self.token_role
+        return self.users[user].role if user in self.users else ADMIN
+
+    @staticmethod
+    def credentials(header: str | None) -> tuple[str, str] | None:
+        """``(user, password)`` of an ``Authorization`` header (``("token", <token>)`` for Bearer); None if none."""
         scheme, _, value = (header or "").partition(" ")
-        if scheme.lower() == "bearer":
-            return TOKEN_USER if self.token is not None and _equal(value.strip(), self.token) else None
+        if scheme.lower() == "bearer" and value.strip():
+            return TOKEN_USER, value.strip()
         if scheme.lower() != "basic":
             return None
         try:
-            user, _, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+            user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return None
-        return user if self.check_password(user, password) else None
+        return (user, password) if sep else None
 
     def _sign(self, text: str) -> str:
         return hmac.new(self.secret, text.encode(), hashlib.sha256).hexdigest()
-
-    def session(self, user: str, now: float | None = None) -> str:
-        """A session cookie value for ``user``: name, expiry and their HMAC."""
-        expires = int((time.time() if now is None else now) + SESSION_TTL)
-        body = f"{base64.urlsafe_b64encode(user.encode()).decode()}.{expires}"
-        return f"{body}.{self._sign('session:' + body)}"
-
-    def from_session(self, cookie: str | None, now: float | None = None) -> str | None:
-        """The user of a valid, unexpired session cookie; None otherwise."""
-        body, _, signature = (cookie or "").rpartition(".")
-        if not body or not _equal(signature, self._sign("session:" + body)):
-            return None
-        name, _, expires = body.partition(".")
-        if not expires.isdigit() or int(expires) < (time.time() if now is None else now):
-            return None
-        user = base64.urlsafe_b64decode(name.encode()).decode("utf-8")
-        return user if user in self.users or (user == TOKEN_USER and self.token) else None
 
     def csrf_token(self, nonce: str) -> str:
         return self._sign("csrf:" + nonce)
 
     def csrf_ok(self, nonce: str | None, token: str | None) -> bool:
-        return bool(nonce) and bool(token) and _equal(str(token), self.csrf_token(str(nonce)))
+        return bool(nonce) and bool(token) and hmac.compare_digest(str(token).encode(),
+                                                                   self.csrf_token(str(nonce)).encode())
 
 
 def new_nonce() -> str:

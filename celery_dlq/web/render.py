@@ -8,8 +8,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.web.auth import CSRF_FIELD
 from celery_dlq.web.format import FILTERS
+from celery_dlq.web.users import may
 
 
 def templates() -> Jinja2Templates:
@@ -27,9 +29,19 @@ def href(request: Request, path: str, query: str = "") -> str:
 
 
 def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
-    """``template`` with ``context`` and what every page needs (user, read-only, CSRF token, URLs shown)."""
+    """``template`` with ``context`` and what every page needs (user, role, what it may do, CSRF token, URLs)."""
     state = request.app.state
+    role = getattr(request.state, "role", None)
     context.update(href=lambda path, query="": href(request, path, query),
-                   user=getattr(request.state, "user", None), read_only=state.read_only, where=state.where,
+                   user=getattr(request.state, "user", None), role=role, can=lambda action: may(role, action),
+                   read_only=state.read_only, where=state.where,
                    csrf_field=CSRF_FIELD, csrf_token=state.access.csrf_token(request.state.csrf_nonce))
     return state.templates.TemplateResponse(request, template, context, status_code=status)
+
+
+def unavailable(request: Request, exc: Exception) -> Response:
+    """503: Redis (or the broker) cannot be read; the URLs shown without passwords."""
+    where = request.app.state.where
+    message = str(exc) if isinstance(exc, BrokerNotSupported) else (
+        f"cannot read Redis ({type(exc).__name__}); broker {where['broker']}, store {where['dlq_redis_url']}")
+    return render(request, "error.html", 503, title="Redis unavailable", message=message)

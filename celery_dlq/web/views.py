@@ -18,7 +18,7 @@ from celery_dlq.ops.operator import Operator
 from celery_dlq.redis.trends import KINDS
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.redis.lists import oldest_pages
-from celery_dlq.web.auth import TOKEN_USER
+from celery_dlq.web.users import TOKEN_USER
 from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK
 from celery_dlq.redis.keys import Stat
-from celery_dlq.redis.store import add_moves, to_ms
+from celery_dlq.redis.store import add_moves
 
 #: The most due entries one fetch moves (a fetch happens per message taken: a few suffice).
 LIMIT = 20
@@ -39,8 +39,8 @@ class FetchMoves:
     events_max_length: int
 
     def args(self, now: float) -> list[Any]:
-        """``fetch.lua``'s ARGV[3..7] at ``now`` (unix seconds)."""
-        return [LIMIT, to_ms(now), self.events_max_length, int(now * 1_000_000), Stat.REDELIVERED]
+        """``fetch.lua``'s last four arguments (after its markers' queues) at ``now`` (unix seconds)."""
+        return [LIMIT, self.events_max_length, int(now * 1_000_000), Stat.REDELIVERED]
 
 
 def fetch_moves(runtime: Any) -> FetchMoves | None:

@@ -29,13 +29,17 @@ from celery_dlq import headers as H
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
-from celery_dlq.redis.keys import Stat
+from celery_dlq.redis.client import broker_url, listener_client
+from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.lease import MoverLease
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
+from celery_dlq.worker.fetch_listener import FetchListener
+from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.mover_turns import MoverTurns
 from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.transport_setup import uses_fetch
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +62,27 @@ class MoverThread(threading.Thread):
         self._stop_event = threading.Event()
         self._turn = -1
         ident = f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}"
-        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease)
-        self.turns = MoverTurns(lease, self._stop_event, self.interval, between=self._flush_counters)
+        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
+                           settings.heartbeat_interval)
+        self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters)
+        self.turns = MoverTurns(lease, self._stop_event, self.interval, self.heartbeat.holder)
+        self.listener: FetchListener | None = None
+
+    def start(self) -> None:
+        self.heartbeat.start()
+        super().start()
+
+    def _on_role(self, holds: bool) -> None:
+        """The lease holder also runs the fetch listener (``worker/fetch_listener.py``), where fetches use it."""
+        if self.listener is not None:
+            self.listener.stop()
+            self.listener = None
+        if holds and self.runtime.settings.fetch_listener and uses_fetch(self.app):
+            url = broker_url(self.app.conf)
+            lists = self.runtime.lists
+            self.listener = FetchListener(lambda: listener_client(url),
+                                          Keys(self.runtime.settings.key_prefix, lists.global_keyprefix), lists)
+            self.listener.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop_event.set()
@@ -69,6 +92,7 @@ class MoverThread(threading.Thread):
             logger.debug("celery-dlq mover: could not end the mover's wait", exc_info=True)
         if self.is_alive():
             self.join(timeout)
+        self.heartbeat.stop(timeout)   # gives the lease up: another worker takes over at its next beat
 
     def run(self) -> None:
         """Move due entries whenever this worker holds the mover lease (:mod:`~celery_dlq.worker.mover_turns`).
@@ -77,7 +101,7 @@ class MoverThread(threading.Thread):
         due time after each pass, and a park of an earlier one wakes it), so a
         message's lateness is about a pass's own time; everyone else waits
         its turn. After a Redis error the wait backs off. On a warm stop the
-        lease is deleted, so the standby takes over when its wait ends, not a whole lease later.
+        heartbeat gives the lease up, so another worker takes over at its next beat.
         """
         wait = 0.0
         turns = self.turns
@@ -99,11 +123,6 @@ class MoverThread(threading.Thread):
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
                                  self.runtime.settings.safe_redis_url, wait)
                 self._stop_event.wait(wait)
-        try:
-            turns.release()
-        except Exception:
-            logger.warning("celery-dlq mover: could not give up the mover lease; another worker takes over when "
-                           "it expires", exc_info=True)
 
     def _flush_counters(self) -> None:
         flush_counts(self.runtime)

@@ -20,13 +20,18 @@ everything else are kombu's):
   to the DLQ of its queue (reason ``invalid_message``, the parse error in
   ``x-dlq-exception-message``) in one script, with one WARNING
   (:mod:`celery_dlq.worker.rejects`).
-* **Wait without taking.** A script cannot block, so when every list is
-  empty the channel blocks on a wake key of its own, which a thread hearing
-  keyspace notifications of its lists writes (:mod:`celery_dlq.worker.fetch_wake`),
-  then fetches again. Where the server sends no such notifications it waits
-  with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one
-  of its queues (a no-op move that wakes as soon as a message arrives
-  there); messages on other lists then wait at most ``dlq_fetch_wait``.
+* **Wait without taking, one worker woken per message.** A script cannot
+  block, so when every list is empty the channel blocks (``BZPOPMIN``) on
+  its queues' wake markers, which the fetch listener (one thread, in the
+  worker holding the mover lease: :mod:`celery_dlq.worker.fetch_listener`)
+  writes when a queue's lists hold a message: one message wakes one idle
+  worker, as kombu's ``BRPOP`` does. The wait's timeout is only a safety net
+  (:data:`MARKER_WAIT`). Where no listener hears all of its queues (none
+  yet, one that died, ``dlq_fetch_listener = False``, a server refusing
+  client tracking) the fetch says so and the channel waits with
+  ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one of its
+  queues (a no-op move that wakes as soon as a message arrives there);
+  messages on other lists then wait at most ``dlq_fetch_wait``.
 * **Move what came due first.** Where the broker is the store, the fetch
   script first moves due parked retries bound for the lists it pops from
   (:mod:`celery_dlq.worker.fetch_moves`), so a busy worker's retry does not
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import time
 import weakref
@@ -65,11 +71,26 @@ from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.fetch_moves import FetchMoves
-from celery_dlq.worker.fetch_wake import NOTIFIED_WAIT, Waker, log_mode_once, notifications_on
 from celery_dlq.worker.rejects import reject, release_quarantine
-from celery_dlq.worker.transport_setup import OPTION_NOTIFY, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
+from celery_dlq.worker.transport_setup import OPTION_LISTENER, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
+
+#: The longest idle wait on the wake markers (seconds): only a safety net, the listener ends it. Kept below
+#: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
+#: Each wait is U(0.5, 1) of it, so workers that went idle together do not time out together.
+MARKER_WAIT = 20.0
+#: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
+#: empties its lists then waits on the markers without asking again, and a wait that timed out waits again
+#: without a fetch while less than HEARD_FOR - MARKER_WAIT has passed (an idle channel fetches every second
+#: timeout, which keeps it believed).
+HEARD_FOR = 45.0
+#: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
+REGISTER_EVERY = 300.0
+#: How long a channel's own wake token outlives its write (ms): written when the channel closes.
+TOKEN_TTL_MS = 60_000
+#: What a channel does next: fetch, block on its markers, or wait on one list (no listener hears it).
+FETCH, MARKERS, FALLBACK = "fetch", "markers", "fallback"
 
 
 _live_channels: weakref.WeakSet = weakref.WeakSet()
@@ -103,10 +124,14 @@ class QoS(kombu_redis.QoS):
         super().ack(delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        with self.pipe_or_acquire(pipe) as pipe:
-            return pipe.zrem(self.unacked_index_key, delivery_tag) \
-                       .hdel(self.unacked_key, delivery_tag) \
-                       .srem(self.channel._dlq_fetched_key, delivery_tag)
+        """One round trip without MULTI/EXEC (three commands, not kombu's four): the record goes first,
+        so a connection lost in between leaves at most an index entry that kombu's restore skips."""
+        if pipe is None:
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+        return pipe.hdel(self.unacked_key, delivery_tag) \
+                   .zrem(self.unacked_index_key, delivery_tag) \
+                   .srem(self.channel._dlq_fetched_key, delivery_tag)
 
     def restore_unacked(self, client: Any = None) -> Any:
         try:
@@ -136,14 +161,15 @@ class Channel(kombu_redis.Channel):
         prefix = options.get(OPTION_PREFIX) or "celery_dlq"
         # kombu's own clients add global_keyprefix themselves: the fetched set's name without it
         self._dlq_fetched_key = Keys(prefix).fetched(self._dlq_consumer)
-        self._dlq_idle = False
+        self._dlq_next = FETCH
         self._dlq_took = False
         self._dlq_sent: tuple[str, list[str]] | None = None
         self._dlq_watch = 0
         self._dlq_recovered = False
-        self._dlq_notify_setting = options.get(OPTION_NOTIFY) or "auto"
-        self._dlq_notify: bool | None = None
-        self._dlq_waker: Waker | None = None
+        self._dlq_listener = bool(options.get(OPTION_LISTENER, True))
+        self._dlq_heard_at = -HEARD_FOR      # monotonic: when a fetch last found every queue heard
+        self._dlq_registered_at = 0.0        # monotonic: when this channel last registered its queues
+        self._dlq_logged_wait: str | None = None
         super().__init__(*args, **kwargs)
         self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
         self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
@@ -160,57 +186,69 @@ class Channel(kombu_redis.Channel):
             return
         if not self._dlq_recovered:
             self._dlq_recover()
-        keys, all_keys = self._dlq_fetch_keys(tuple(queues))
+        keys, all_keys, markers = self._dlq_fetch_keys(tuple(queues))
         connection = self.client.connection
         set_in_poll(self, connection)
         self._brpop_sent_at = time.monotonic()
-        prefix = self.global_keyprefix or ""
-        waker = self._dlq_waker_for(all_keys[:len(keys)]) if self._dlq_idle else self._dlq_waker
-        if self._dlq_idle and waker is None:   # no notifications: block on one list, then look at all
-            watched = prefix + queues[self._dlq_watch % len(queues)]
+        if self._dlq_next == MARKERS:   # a listener hears every queue: one push wakes one idle worker
+            self._dlq_sent = ("BZPOPMIN", keys)
+            connection.send_command("BZPOPMIN", self._dlq_wake_key, *markers, self._dlq_marker_wait())
+            return
+        if self._dlq_next == FALLBACK:   # no listener: block on one list, then look at all
+            watched = (self.global_keyprefix or "") + queues[self._dlq_watch % len(queues)]
             self._dlq_watch += 1
             self._dlq_sent = ("BLMOVE", keys)
-            # notifications on but not heard yet (starting, subscribing again): a short wait
-            wait = min(self._dlq_wait, 0.1) if self._dlq_notify else self._dlq_wait
-            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", wait)
+            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
             return
-        if self._dlq_idle and waker.begin_wait():   # a push to any list ends the wait (fetch_wake.py)
-            self._dlq_sent = ("BZPOPMIN", keys)
-            connection.send_command("BZPOPMIN", self._dlq_wake_key, max(NOTIFIED_WAIT, self._dlq_wait))
-            return
-        if waker is not None:
-            waker.begin_fetch()
         self._dlq_sent = ("EVALSHA", keys)
-        now = time.time()
+        now, clock = time.time(), time.monotonic()
         moves = self._dlq_moves if self._dlq_took else None
+        marked = queues if self._dlq_listener else []
+        register = "1" if marked and clock - self._dlq_registered_at >= REGISTER_EVERY else ""
+        if register:
+            self._dlq_registered_at = clock
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), now,
+                                len(marked), int(now * 1000), register, *marked,
                                 *(moves.args(now) if moves else ()))
 
-    def _dlq_waker_for(self, lists: list[str]) -> Waker | None:
-        """The waker of an idle wait on ``lists`` (full names), or None: no notifications, or not yet heard."""
-        if self._dlq_notify is None:   # the first idle wait: which applies, found out once per channel
-            on, why = notifications_on(self._dlq_plain, self._dlq_notify_setting)
-            log_mode_once(on, why, self._dlq_wait)
-            self._dlq_notify = on
-            if on:
-                db = int(self.pool.connection_kwargs.get("db") or 0)
-                self._dlq_waker = Waker(redis.Redis(connection_pool=self.pool), db, self._dlq_wake_key)
-        if self._dlq_waker is None or not self._dlq_waker.watch(lists):
-            return None
-        return self._dlq_waker
+    def _dlq_heard_for(self, seconds: float) -> bool:
+        """Whether a fetch found a listener hearing all of this channel's queues in the last ``seconds``."""
+        return time.monotonic() - self._dlq_heard_at < seconds
 
-    def _dlq_fetch_keys(self, queues: tuple[str, ...]) -> tuple[list[str], list[str]]:
-        """The lists of ``queues`` in kombu's BRPOP order, and every key fetch.lua takes (cached per queue set)."""
+    def _dlq_marker_wait(self) -> float:
+        """The idle wait on the markers, below kombu's health check of a blocked fetch where it has one."""
+        check = getattr(self, "health_check_interval", None)
+        longest = MARKER_WAIT if not check else \
+            max(1.0, min(MARKER_WAIT, float(getattr(self, "brpop_timeout", 1) or 1) + float(check) - 1.0))
+        return round(longest * random.uniform(0.5, 1.0), 3)
+
+    def _dlq_log_wait(self, how: str) -> None:
+        """One INFO line per channel when how it waits idle changes."""
+        if how != self._dlq_logged_wait:
+            self._dlq_logged_wait = how
+            if how == MARKERS:
+                logger.info("celery-dlq: an idle fetch waits for the fetch listener, which wakes one worker per "
+                            "message on any list it watches")
+            else:
+                logger.info("celery-dlq: no fetch listener hears every queue of this worker (%s): an idle fetch "
+                            "blocks on its first list and looks at every list each %gs",
+                            "dlq_fetch_listener is off" if not self._dlq_listener else "not yet, or none runs",
+                            self._dlq_wait)
+
+    def _dlq_fetch_keys(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+        """The lists of ``queues`` in kombu's BRPOP order, every key fetch.lua takes, and the queues' wake
+        markers (cached per queue set)."""
         cached = self._dlq_key_cache.get(queues)
         if cached is None:
-            prefix = self.global_keyprefix or ""
+            prefix, k = self.global_keyprefix or "", self._dlq_keys
             keys = [list_key(self, queue, pri) for pri in self.priority_steps for queue in queues]
+            markers = [k.fetch_marker(queue) for queue in queues] if self._dlq_listener else []
             all_keys = [prefix + key for key in keys] + \
-                [self._dlq_keys.quarantine(self._queue_of_key(key)) for key in keys] + \
-                [prefix + self.unacked_key, prefix + self.unacked_index_key,
-                 self._dlq_keys.fetched(self._dlq_consumer)] + \
+                [k.quarantine(self._queue_of_key(key)) for key in keys] + \
+                [prefix + self.unacked_key, prefix + self.unacked_index_key, k.fetched(self._dlq_consumer)] + \
+                markers + [k.fetch_queues, k.fetch_listening] + \
                 list(self._dlq_moves.keys if self._dlq_moves else ())   # fetch_moves.py
-            cached = self._dlq_key_cache[queues] = (keys, all_keys)
+            cached = self._dlq_key_cache[queues] = (keys, all_keys, markers)
         return cached
 
     def _queue_of_key(self, key: str) -> str:
@@ -229,17 +267,21 @@ class Channel(kombu_redis.Channel):
                 raise
             # the next fetch moves due retries only after one that took something: never on an idle worker's
             self._dlq_took = command == "EVALSHA" and bool(reply)
-            if command == "BLMOVE":   # woken (or timed out): fetch next
-                self._dlq_idle = False
+            if command != "EVALSHA":   # woken, or the wait timed out (a safety net): fetch next
+                quiet = command == "BZPOPMIN" and reply is None
+                self._dlq_next = MARKERS if quiet and self._dlq_heard_for(HEARD_FOR - MARKER_WAIT) else FETCH
                 raise kombu_redis.Empty()
-            if command == "BZPOPMIN":   # woken: fetch next; timed out: nothing was pushed, wait again
-                self._dlq_waker.end_wait()
-                self._dlq_idle = reply is None
+            if not reply:   # every list empty: 0 when a listener hears all of them
+                heard = reply == 0
+                if heard:
+                    self._dlq_heard_at = time.monotonic()
+                self._dlq_next = MARKERS if heard else FALLBACK
+                self._dlq_log_wait(self._dlq_next)
                 raise kombu_redis.Empty()
-            if not reply:
-                self._dlq_idle = True
-                raise kombu_redis.Empty()
-            self._dlq_idle = False
+            # Lists emptied by this pop: wait on the markers at once (a push writes them), where the listener
+            # was heard lately; else fetch again, which asks.
+            more = int(reply[4]) if len(reply) > 4 else 1
+            self._dlq_next = FETCH if more or not self._dlq_heard_for(HEARD_FOR) else MARKERS
             return self._dlq_take(reply, keys)
         finally:
             set_in_poll(self, None)
@@ -253,8 +295,8 @@ class Channel(kombu_redis.Channel):
 
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
         index, element, status, tag = reply[:4]
-        if len(reply) > 4:   # due entries this fetch moved onto its lists (fetch_moves.py)
-            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 4)
+        if len(reply) > 5:   # due entries this fetch moved onto its lists (fetch_moves.py)
+            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 5)
         if bytes_to_str(status) == "none":
             raise kombu_redis.Empty()
         queue = self._queue_of_key(keys[int(index) - 1])
@@ -327,13 +369,21 @@ class Channel(kombu_redis.Channel):
 
     def close(self) -> None:
         _live_channels.discard(self)
-        if self._dlq_waker is not None:
-            self._dlq_waker.stop()   # ends a pending wait too: kombu's close reads its reply
+        if self._dlq_sent is not None and self._dlq_sent[0] == "BZPOPMIN":
+            self._dlq_end_wait()   # kombu's close reads the pending reply: at once, not after MARKER_WAIT
         try:
             super().close()
         except (AttributeError, InconsistencyError, *kombu_redis.get_redis_error_classes()[0]) as exc:
             logger.warning("celery-dlq: error closing a Redis channel (%s: %s); carrying on",
                            type(exc).__name__, exc)
+
+
+    def _dlq_end_wait(self) -> None:
+        try:
+            self._dlq_plain.pipeline(transaction=False).zadd(self._dlq_wake_key, {"w": 0}) \
+                .pexpire(self._dlq_wake_key, TOKEN_TTL_MS).execute()
+        except redis.RedisError:   # the wait ends at its timeout instead
+            logger.debug("celery-dlq: could not end an idle fetch wait", exc_info=True)
 
 
 class Transport(kombu_redis.Transport):

@@ -13,7 +13,7 @@ logger = logging.getLogger(__name__)
 
 #: ``broker_transport_options`` keys ``use_in_worker()`` sets for the worker's channels.
 OPTION_RUNTIME, OPTION_PREFIX, OPTION_WAIT = "celery_dlq_runtime", "celery_dlq_key_prefix", "celery_dlq_fetch_wait"
-OPTION_NOTIFY = "celery_dlq_fetch_notifications"
+OPTION_LISTENER = "celery_dlq_fetch_listener"
 #: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
 TRANSPORT, SOCKET_TRANSPORT = "celery_dlq.worker.transport:Transport", "celery_dlq.worker.transport:SocketTransport"
 SENTINEL_TRANSPORT = "celery_dlq.worker.sentinel:SentinelTransport"
@@ -47,6 +47,11 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
     conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
                                      OPTION_PREFIX: runtime.settings.key_prefix,
                                      OPTION_WAIT: runtime.settings.fetch_wait,
-                                     OPTION_NOTIFY: runtime.settings.fetch_notifications}
+                                     OPTION_LISTENER: runtime.settings.fetch_listener}
     logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", conf.broker_transport)
     return True
+
+
+def uses_fetch(app: Any) -> bool:
+    """Whether this worker's broker connections use celery-dlq's fetch (:func:`use_in_worker` chose it)."""
+    return app.conf.broker_transport in (TRANSPORT, SOCKET_TRANSPORT, SENTINEL_TRANSPORT)

@@ -191,3 +191,16 @@ def test_the_dashboard_serves_its_overview(stack, letter, tmp_path):
     finally:
         web.stop()
     assert status == 200 and f"DLQ.{stack.queue}" in page
+
+
+def test_idle_workers_wait_for_the_fetch_listener_which_hears_the_queue(stack):
+    """On every supported version: the lease holder's listener tracks the queue (client tracking, RESP2 on
+    every redis-py), the idle workers wait on its marker, and a message sent then runs at once."""
+    for worker in stack.workers:
+        worker.wait_for_log("an idle fetch waits for the fetch listener", timeout=60)
+    assert stack.queue.encode() in stack.redis.smembers(f"{{{stack.prefix}}}:fetch:listening")
+    stack.wait_until(lambda: sum(1 for c in stack.redis.client_list() if c.get("cmd") == "bzpopmin") >= 2,
+                     timeout=30, message="both workers blocked on the marker")
+    task_id = stack.send("proj.noop").id
+    stack.wait_until(lambda: stack.deliveries(task_id), timeout=10, message="the message, woken by the listener")
+    workers_alive(stack)

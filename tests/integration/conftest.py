@@ -192,11 +192,12 @@ def harness(redis_server, tmp_path, unique):
     h.close()
 
 
-@pytest.fixture(params=["fallback", "notifications"])
-def fetch_harness(request, tmp_path, unique):
-    """A harness on the session's server (an idle fetch falls back to its first list) and on one that sends
-    keyspace list events (an idle fetch waits for them)."""
-    server = request.getfixturevalue("redis_server" if request.param == "fallback" else "notifying_redis_server")
-    h = Harness(server, tmp_path, unique)
+@pytest.fixture(params=["listener", "fallback"])
+def fetch_harness(request, redis_server, tmp_path, unique):
+    """A harness whose idle fetches wait for the fetch listener, and one whose wait on their first list
+    (``dlq_fetch_listener = False``)."""
+    h = Harness(redis_server, tmp_path, unique)
+    if request.param == "fallback":
+        h.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_fetch_listener": False})
     yield h
     h.close()

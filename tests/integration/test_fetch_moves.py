@@ -16,10 +16,9 @@ pytestmark = pytest.mark.integration
 
 
 def hold_the_mover_elsewhere(harness) -> Keys:
-    """The lease and the standby's place held by movers that never move (a minute each): only a fetch can move."""
+    """The lease held by a mover that never moves (a minute): only a fetch can move."""
     keys = Keys(harness.prefix)
     harness.redis.set(keys.mover_lease, "elsewhere:1:lease", px=60_000)
-    harness.redis.set(keys.mover_standby, "elsewhere:2:standby", px=60_000)
     return keys
 
 
@@ -54,7 +53,7 @@ def test_a_fetching_worker_moves_its_due_retry_without_the_mover(harness, moves)
             assert second["delivery"] == 2 and 0.3 <= second["at"] - first["at"] < 3.0
             assert int(harness.redis.hget(keys.stats, Stat.REDELIVERED)) == 1
             harness.wait_until(lambda: redelivered_total(harness, keys) == 1, timeout=5,
-                               message="redelivered_total, written by the mover thread (it flushes every second)")
+                               message="redelivered_total, written by the heartbeat thread (it flushes at every beat)")
         else:
             time.sleep(3.0)    # ten times the retry's delay, with the worker fetching all along
             assert len(harness.deliveries(task_id)) == 1

@@ -76,27 +76,36 @@ def test_20000_parked_retries_do_not_grow_the_worker(harness):
     assert store.next_due() > time.time() + 3000
 
 
-def test_when_the_moving_worker_is_killed_another_takes_over_within_the_lease(harness):
-    """SIGKILL the worker holding the mover lease: the standby takes the lease over once it expires, at most
-    ``dlq_mover_lease`` after the kill (the holder renewed it last before the kill), and moves what came due."""
+@pytest.mark.slow
+@pytest.mark.parametrize("workers, killed", [(4, "the holder and another"), (6, "all but one")])
+def test_whichever_workers_are_killed_a_survivor_moves_within_the_lease(harness, workers, killed):
+    """100 retries parked for 3 s; while they wait, SIGKILL the holder of the mover lease and another worker,
+    or all but one of six (the holder among them): every retry is delivered at most ``dlq_mover_lease``
+    (+ 2 s of slack for a busy machine) after it came due. Every worker beats and takes a free lease, so no
+    standby's death stretches the takeover."""
     lease = 3.0
     conf = json.dumps({"dlq_mover_lease": lease})
-    workers = [harness.worker(name=name, concurrency=1, DLQ_TEST_CONF=conf) for name in "abc"]
+    started = [harness.worker(name=f"w{i}", concurrency=1, wait_ready=False, DLQ_TEST_CONF=conf)
+               for i in range(workers)]
+    for worker in started:
+        worker.wait_for_log("ready.", timeout=90)
     keys = Keys(harness.prefix)
-    harness.wait_until(lambda: harness.redis.get(keys.mover_lease) and harness.redis.get(keys.mover_standby),
-                       timeout=60, message="a holder and a standby")
+    harness.wait_until(lambda: harness.redis.get(keys.mover_lease), timeout=30, message="a lease holder")
     holder = harness.redis.get(keys.mover_lease).decode()
-    [victim] = [w for w in workers if w.proc.pid == int(holder.split(":")[-2])]
-    ids = park_noop_messages(harness, 20, due=time.time() + 1.0)   # due while nobody holds the lease
-    victim.proc.kill()
-    killed_at = time.time()
-    harness.wait_until(lambda: (harness.redis.get(keys.mover_lease) or holder.encode()).decode() != holder,
-                       timeout=30, message="another worker holds the lease")
-    took_over = time.time() - killed_at
-    print(f"lease {lease}s: taken over {took_over:.2f}s after the SIGKILL")
-    assert took_over <= lease + 2.0, "the bound is the lease (plus a round trip; 2 s of slack for a busy machine)"
-    harness.wait_until(lambda: len(harness.deliveries()) >= 20, timeout=30, message="20 deliveries")
-    assert {r["id"] for r in harness.deliveries()} == set(ids)
+    [victim] = [w for w in started if w.proc.pid == int(holder.split(":")[-2])]
+    others = [w for w in started if w is not victim]
+    victims = [victim] + (others[:1] if killed == "the holder and another" else others[:-1])
+    due = time.time() + 3.0
+    ids = park_noop_messages(harness, 100, due=due)
+    time.sleep(max(0.0, due - 0.5 - time.time()))   # killed just before they come due
+    for worker in victims:
+        worker.proc.kill()
+    harness.wait_until(lambda: len(harness.deliveries()) >= 100, timeout=60, message="100 deliveries")
+    rows = harness.deliveries()
+    assert {r["id"] for r in rows} == set(ids) and len(rows) == 100
+    late = max(r["at"] for r in rows) - due
+    print(f"\n{killed} of {workers} killed: the last retry ran {late:.2f}s after its due time (lease {lease}s)")
+    assert late <= lease + 2.0
+    survivors = [w for w in started if w not in victims]
     new_holder = harness.redis.get(keys.mover_lease).decode()
-    [heir] = [w for w in workers if w.proc.pid == int(new_holder.split(":")[-2])]
-    assert "this worker moves due messages now" in heir.log()
+    assert new_holder != holder and any(w.proc.pid == int(new_holder.split(":")[-2]) for w in survivors)

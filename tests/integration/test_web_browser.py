@@ -61,6 +61,7 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,860",
                 "--disable-gpu"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})   # the console: CSP violations show there
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     driver.implicitly_wait(5)
     yield driver
@@ -252,6 +253,8 @@ def test_overview_groups_failures_charts_them_and_replays_one_group_in_a_browser
         failing_gid = groups["proj.always_fails ValueError"][0]
         assert driver.find_element(By.CSS_SELECTOR, f'[data-group-count="{failing_gid}"]').text == "0"
         assert page.is_displayed() and driver.find_element(By.TAG_NAME, "html") == page   # the same document
+        blocked = [e["message"] for e in driver.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert blocked == []   # the script, the stylesheet and the charts run under the policy as sent
     finally:
         server.stop()
 

@@ -18,7 +18,7 @@ from celery_dlq.redis.archive import EventLog
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
 from celery_dlq.redis.metrics import Metric
 from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves
+from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves, to_ms
 from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 
@@ -157,9 +157,9 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
 def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):
     """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch_moves.py``)."""
     keys = [*lists, *(store.keys.quarantine(name) for name in lists), "unacked", "unacked_index",
-            store.keys.fetched("c1"), *store.keys.move_keys()]
+            store.keys.fetched("c1"), store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
     moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
-    return Scripts(store.client).run("fetch", keys, [len(lists), now, *moves.args(now)])
+    return Scripts(store.client).run("fetch", keys, [len(lists), now, 0, to_ms(now), "", *moves.args(now)])
 
 
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):
@@ -169,7 +169,7 @@ def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bo
     try:
         reply = fetch_moving(store, [high, orders])
         assert reply[:4] == [1, element("tb", "b"), b"ok", b"tb"]        # moved, then popped in priority order
-        assert add_moves(Counter(), reply, 4) == {(orders, "shop.charge"): 2}
+        assert add_moves(Counter(), reply, 5) == {(orders, "shop.charge"): 2}
         assert c.lrange(orders, 0, -1) == [element("ta", "a")] and c.llen(high) == 0
         assert c.hexists("unacked", "tb") and c.sismember(k.fetched("c1"), "tb")
         assert store.get("a:2") is None and store.get("b:3") is None
@@ -179,7 +179,7 @@ def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bo
         assert [(e.type, e.task_id, e.delivery, e.ts_us) for e in events] == [
             ("redelivered", "a", 2, int(T0 * 1_000_000)), ("redelivered", "b", 3, int(T0 * 1_000_000))]
         reply = fetch_moving(store, [high, orders])
-        assert reply == [2, element("ta", "a"), b"ok", b"ta"]                        # nothing moved twice
+        assert reply == [2, element("ta", "a"), b"ok", b"ta", 0]                     # nothing moved twice
         assert fetch_moving(store, [high, orders]) is None        # c: another list; d: publish; e: not due
         assert fetch_moving(store, [high, orders], now=T0 + 61)[:4] == [2, element("te", "e"), b"ok", b"te"]
     finally:
@@ -192,10 +192,10 @@ def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, uniq
         store.park(f"t{i}:2", DirectPayload(q, q, "shop.x", element(f"tag{i}", f"t{i}")).dumps(), q, due=T0 - 1)
     try:
         first = fetch_moving(store, [q], events_max_length=0)
-        assert add_moves(Counter(), first, 4) == {(q, "shop.x"): LIMIT}
+        assert add_moves(Counter(), first, 5) == {(q, "shop.x"): LIMIT}
         assert store.count() == 5 and c.llen(q) == LIMIT - 1 and not c.exists(store.keys.events)
         second = fetch_moving(store, [q], events_max_length=0)
-        assert add_moves(Counter(), second, 4) == {(q, "shop.x"): 5}
+        assert add_moves(Counter(), second, 5) == {(q, "shop.x"): 5}
         assert store.count() == 0 and c.llen(q) == LIMIT + 3
         assert c.hget(store.keys.stats, Stat.REDELIVERED) == str(LIMIT + 5).encode()
     finally:
@@ -204,8 +204,8 @@ def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, uniq
 
 def test_the_fetches_moves_are_written_to_redelivered_total_once_and_kept_when_redis_fails(store, unique):
     tally, q = MoveTally(), f"q{unique}"
-    tally.add([1, b"element", b"ok", b"tag", q.encode(), b"shop.x", 2, q.encode(), b"shop.y", 1], 4)
-    tally.add([1, b"element", b"ok", b"tag", q.encode(), b"shop.x", 3], 4)
+    tally.add([1, b"element", b"ok", b"tag", 0, q.encode(), b"shop.x", 2, q.encode(), b"shop.y", 1], 5)
+    tally.add([1, b"element", b"ok", b"tag", 1, q.encode(), b"shop.x", 3], 5)
 
     class Down:
         def count_redelivered(self, counts):

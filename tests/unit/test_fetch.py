@@ -144,10 +144,14 @@ def test_a_delivery_count_is_believed_only_in_range(value, problem):
 
 # -- the scripts ---------------------------------------------------------------------
 
-def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0):
+def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0,
+          queues: tuple[str, ...] = (), register: bool = False):
+    """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener)."""
     all_keys = [*lists, *(keys.quarantine(name.split("\x06\x16")[0]) for name in lists),
-                "unacked", "unacked_index", keys.fetched(consumer)]
-    return Scripts(client).run("fetch", all_keys, [len(lists), now])
+                "unacked", "unacked_index", keys.fetched(consumer), *(keys.fetch_marker(q) for q in queues),
+                keys.fetch_queues, keys.fetch_listening]
+    return Scripts(client).run("fetch", all_keys, [len(lists), now, len(queues), int(now * 1000),
+                                                   "1" if register else "", *queues])
 
 
 def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, unique):
@@ -156,14 +160,14 @@ def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, un
     any_redis.lpush(f"{q}\x06\x163", json.dumps(low))
     any_redis.lpush(q, json.dumps(high))
     try:
-        index, element, status, tag = fetch(any_redis, keys, [q, f"{q}\x06\x163"])
-        assert (index, status, tag) == (1, b"ok", f"high-{unique}".encode())
+        index, element, status, tag, more = fetch(any_redis, keys, [q, f"{q}\x06\x163"])
+        assert (index, status, tag, more) == (1, b"ok", f"high-{unique}".encode(), 1)   # low is left
         assert json.loads(element) == high
         record = json.loads(any_redis.hget("unacked", f"high-{unique}"))
         assert record == [high, "", "orders"]                       # kombu's [message, exchange, routing key]
         assert any_redis.zscore("unacked_index", f"high-{unique}") == 1000.0
         assert any_redis.smembers(keys.fetched("c1")) == {f"high-{unique}".encode()}
-        assert fetch(any_redis, keys, [q, f"{q}\x06\x163"])[3] == f"low-{unique}".encode()
+        assert fetch(any_redis, keys, [q, f"{q}\x06\x163"])[3:5] == [f"low-{unique}".encode(), 0]
         assert fetch(any_redis, keys, [q, f"{q}\x06\x163"]) is None
     finally:
         any_redis.delete("unacked", "unacked_index", keys.fetched("c1"))
@@ -174,8 +178,8 @@ def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, un
 def test_fetch_quarantines_what_is_not_an_envelope_in_the_same_step(any_redis, unique, junk):
     keys, q = Keys(f"f{unique}"), f"q{unique}"
     any_redis.lpush(q, junk)
-    index, element, status, tag = fetch(any_redis, keys, [q])
-    assert (element, status, tag) == (junk, b"quarantined", b"")
+    index, element, status, tag, more = fetch(any_redis, keys, [q])
+    assert (element, status, tag, more) == (junk, b"quarantined", b"", 0)
     assert any_redis.lrange(keys.quarantine(q), 0, -1) == [junk]
     assert any_redis.llen(q) == 0 and not any_redis.exists("unacked")
 
@@ -221,7 +225,7 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {
         "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25,
-        TS.OPTION_NOTIFY: "auto"}
+        TS.OPTION_LISTENER: True}
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport

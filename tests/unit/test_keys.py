@@ -32,6 +32,14 @@ def test_key_names_share_one_hash_tag():
                                  keys.queues, keys.parked)
 
 
+def test_the_dashboards_keys_share_the_hash_tag():
+    keys = Keys(prefix="app", global_keyprefix="t:")
+    assert keys.web_session("ab12") == "t:{app}:web:session:ab12"
+    assert keys.web_sessions == "t:{app}:web:sessions"
+    assert keys.web_login_failures("addr", "10.0.0.1") == "t:{app}:web:failures:addr:10.0.0.1"
+    assert len({key_slot(k.encode()) for k in (keys.web_session("x"), keys.web_sessions, keys.stats)}) == 1
+
+
 def test_global_keyprefix_goes_in_front_of_the_hash_tag():
     keys = Keys(prefix="app", global_keyprefix="tenant1:")
     assert keys.delayed == "tenant1:{app}:delayed"
@@ -118,7 +126,10 @@ def test_script_header_documents_every_key_and_argument(name):
 def test_scripts_only_touch_keys_passed_in_keys(name):
     body = script_body(name)
     for command, key in re.findall(r"redis\.p?call\('(\w+)',\s*([^,)]+)", body):
-        assert re.fullmatch(r"KEYS\[[\w +*]+\]|unpack\(KEYS", key), f"{name}: {command} on {key}"
+        assert re.fullmatch(r"KEYS\[[\w +*]+\]|unpack\(KEYS|unpack\(key_args", key), f"{name}: {command} on {key}"
+    # a command whose keys do not come first (LMPOP) takes them from a table filled from KEYS only
+    for target, value in re.findall(r"key_args\[([^\]]+)\] = ([^\n]+)", body):
+        assert re.fullmatch(r"KEYS\[[\w +*]+\]|'[A-Z]+'", value.strip()), f"{name}: key_args[{target}] = {value}"
 
 
 def test_scripts_are_registered_once_per_client():

@@ -1,4 +1,4 @@
-"""One mover at a time: the lease, the standby, the others' scaled tries, the holder's wait (real Redis)."""
+"""One mover at a time: the heartbeats that take a free lease, the role changes, the holder's wait."""
 from __future__ import annotations
 
 import threading
@@ -8,9 +8,10 @@ import pytest
 import redis
 
 from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.lease import MoverLease, Role
+from celery_dlq.redis.lease import VERIFY_EVERY, MoverLease
 from celery_dlq.redis.store import DelayedStore
-from celery_dlq.worker.mover_turns import EARLY, MoverTurns
+from celery_dlq.worker.heartbeat import Heartbeat
+from celery_dlq.worker.mover_turns import EARLY, MAX_BLOCK, MoverTurns
 
 
 @pytest.fixture
@@ -22,35 +23,65 @@ def keys(redis_server, unique):
         client.delete(key)
 
 
-def lease(redis_server, keys, ident, ttl=10.0):
-    return MoverLease(redis.Redis.from_url(redis_server.url), keys, ident, ttl)
+def lease(redis_server, keys, ident, ttl=10.0, interval=2.0):
+    return MoverLease(redis.Redis.from_url(redis_server.url), keys, ident, ttl, interval)
 
 
-def test_one_holder_one_standby_the_others_counted(redis_server, keys):
-    a, b, c, d = (lease(redis_server, keys, name) for name in "abcd")
-    assert a.try_turn(60).role is Role.HOLDER
-    assert b.try_turn(60).role is Role.STANDBY
-    assert c.try_turn(60).role is Role.OTHER
-    turn = d.try_turn(60)
-    assert turn.role is Role.OTHER and turn.others == 2        # c and d count; the holder and standby do not
-    assert a.try_turn(60).role is Role.HOLDER                  # renewed
-    assert b.try_turn(60).role is Role.STANDBY                 # kept
-    assert 9.0 < a.remaining() <= 10.0
-    a.client.delete(keys.mover_lease)                          # the holder's lease expired
-    assert a.remaining() == 0.0
-    assert b.try_turn(60).role is Role.HOLDER                  # the standby takes the lease over (anyone would)
-    assert c.try_turn(60).role is Role.STANDBY                 # and its place is free again
-    assert a.try_turn(60).role is Role.OTHER                   # the old holder is now one of the others
-    b.release()
-    assert b.client.get(keys.mover_lease) is None
-    assert c.try_turn(60).role is Role.HOLDER                  # a stopping holder hands over at once
+def test_the_first_to_beat_holds_the_lease_and_whoever_beats_next_takes_it_when_it_expires(redis_server, keys):
+    a, b, c = (lease(redis_server, keys, name) for name in "abc")
+    assert a.beat() and not b.beat() and not c.beat()
+    for _ in range(2 * VERIFY_EVERY):
+        assert a.beat()                                           # renewed (PEXPIRE, and the script in turn)
+    assert 7_900 < a.client.pttl(keys.mover_lease) <= 8_000      # dlq_mover_lease - one interval
+    a.client.delete(keys.mover_lease)                             # the holder died and its lease expired
+    assert c.beat() and not b.beat()                              # any survivor, whoever beats first
+    c.release()
+    assert c.client.get(keys.mover_lease) is None and not c.held
+    assert b.beat()                                               # a stopping holder hands over at once
 
 
-def test_others_stop_counting_when_their_time_is_up(redis_server, keys):
-    a, b, c, d = (lease(redis_server, keys, name) for name in "abcd")
-    a.try_turn(60), b.try_turn(60), c.try_turn(0.001)
-    time.sleep(0.01)
-    assert d.try_turn(60).others == 1                          # c's count ran out
+def test_a_holder_that_lost_its_lease_to_another_finds_out_at_its_next_check(redis_server, keys):
+    a, b = lease(redis_server, keys, "a"), lease(redis_server, keys, "b")
+    assert a.beat()
+    a.client.set(keys.mover_lease, "b", px=8_000)                 # a stalled past its lease; b took it
+    b.held = True
+    results = [a.beat() for _ in range(VERIFY_EVERY)]
+    assert results[-1] is False and not a.held                    # the script says so
+    assert a.client.get(keys.mover_lease) == b"b"                 # and a never took b's lease
+    a.release()
+    assert a.client.get(keys.mover_lease) == b"b"                 # nor gives it up
+
+
+class FakeLease:
+    """Answers beats from a list; records releases."""
+
+    def __init__(self, answers, interval=0.01) -> None:
+        self.answers, self.lease, self.interval, self.released = list(answers), 10.0, interval, 0
+
+    def beat(self) -> bool:
+        return self.answers.pop(0)
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_the_heartbeat_reports_each_change_of_role_once_and_releases_when_it_stops():
+    roles = []
+    beat = Heartbeat(FakeLease([False, True, True, False, True]), on_role=roles.append)
+    assert [beat.beat() for _ in range(5)] == [False, True, True, False, True]
+    assert roles == [True, False, True] and beat.holder.is_set()
+    beat.lease.answers = [True] * 1000
+    beat.start()
+    beat.stop()
+    assert roles == [True, False, True, False] and beat.lease.released == 1 and not beat.holder.is_set()
+
+
+def test_a_mover_without_the_lease_waits_for_it_without_redis():
+    stop, holder = threading.Event(), threading.Event()
+    turns = MoverTurns(None, stop, 0.2, holder)
+    threading.Timer(0.05, holder.set).start()
+    started = time.monotonic()
+    assert turns.take_turn() and time.monotonic() - started < 0.9
 
 
 def test_a_park_wakes_the_mover_only_when_it_is_the_earliest_due(redis_server, keys):
@@ -68,11 +99,17 @@ def test_a_park_wakes_the_mover_only_when_it_is_the_earliest_due(redis_server, k
     assert client.zcard(keys.due_wake) == 1                    # an operator's "now" wakes it too
 
 
-class FakeLease:
+def held() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+class BlockingLease:
     """Records the holder's blocking waits; a fixed number of them, then the thread is stopped."""
 
     def __init__(self, stop: threading.Event, blocks: int = 1, ttl: float = 10.0) -> None:
-        self.lease, self.stop, self.blocks, self.waits = ttl, stop, blocks, []
+        self.lease, self.interval, self.stop, self.blocks, self.waits = ttl, 2.0, stop, blocks, []
 
     def wait_for_due(self, timeout: float) -> bool:
         self.waits.append(timeout)
@@ -83,36 +120,32 @@ class FakeLease:
 
 def test_the_holder_blocks_until_shortly_before_the_earliest_due_time():
     stop = threading.Event()
-    fake = FakeLease(stop)
-    turns = MoverTurns(fake, stop, interval=0.2)
-    turns.renew_at = time.monotonic() + 5.0
+    fake = BlockingLease(stop)
+    turns = MoverTurns(fake, stop, interval=0.2, holder=held())
     turns.wait_for_due(lambda: time.time() + 3.0, can_block=True)
     assert fake.waits[0] == pytest.approx(3.0 - EARLY, abs=0.05)   # then the last EARLY seconds locally
 
 
-def test_the_holder_blocks_until_its_lease_is_to_be_renewed_when_nothing_is_due():
+def test_the_holder_blocks_at_most_max_block_when_nothing_is_due():
     stop = threading.Event()
-    fake = FakeLease(stop)
-    turns = MoverTurns(fake, stop, interval=0.2)
-    turns.renew_at = time.monotonic() + 5.0
+    fake = BlockingLease(stop)
+    turns = MoverTurns(fake, stop, interval=0.2, holder=held())
     turns.wait_for_due(lambda: None, can_block=True)
-    assert fake.waits[0] == pytest.approx(5.0 - EARLY, abs=0.05)
+    assert fake.waits[0] == pytest.approx(MAX_BLOCK, abs=0.05)
 
 
 def test_the_holder_returns_at_once_when_an_entry_is_due():
     stop = threading.Event()
-    fake = FakeLease(stop)
-    turns = MoverTurns(fake, stop, interval=0.2)
-    turns.renew_at = time.monotonic() + 5.0
+    fake = BlockingLease(stop)
+    turns = MoverTurns(fake, stop, interval=0.2, holder=held())
     turns.wait_for_due(lambda: time.time() - 1.0, can_block=True)
     assert fake.waits == [] and turns.due()
 
 
 def test_with_several_shards_the_holder_looks_every_interval():
     stop = threading.Event()
-    fake = FakeLease(stop)
-    turns = MoverTurns(fake, stop, interval=0.05)
-    turns.renew_at = time.monotonic() + 5.0
+    fake = BlockingLease(stop)
+    turns = MoverTurns(fake, stop, interval=0.05, holder=held())
     started = time.monotonic()
     turns.wait_for_due(lambda: time.time() + 3.0, can_block=False)
     assert fake.waits == [] and time.monotonic() - started < 1.0 and not turns.fresh

@@ -7,7 +7,7 @@ web`` process with a browser is tests/integration/test_web_browser.py.
 """
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 import re
 
@@ -24,7 +24,8 @@ from celery_dlq.manage import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.ops.window import read_window
 from celery_dlq.web import create_app
-from celery_dlq.web.auth import Access
+from celery_dlq.redis.keys import Keys
+from celery_dlq.web.sessions import SESSION_TTL, Sessions
 from tests.unit.test_manage import UNPICKLED, Evil, dead_letter, run
 
 CSRF = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
@@ -42,6 +43,8 @@ def web(app, op):
 
 
 def client(asgi, *, auth=("alice", "wonder"), **kw) -> TestClient:
+    """A test client of the dashboard as a browser on the same machine sees it (``Host: localhost``)."""
+    kw.setdefault("base_url", "http://localhost")
     c = TestClient(asgi, **kw)
     c.auth = auth
     return c
@@ -104,16 +107,21 @@ def test_login_form_sets_a_session_for_any_user_and_logout_ends_it(web):
     assert c.get("/", follow_redirects=False).status_code == 303
 
 
-def test_forged_or_expired_session_cookies_are_refused():
-    access = Access({"alice": "pw"})
-    cookie = access.session("alice", now=T0)
-    assert access.from_session(cookie, now=T0 + 60) == "alice"
-    assert access.from_session(cookie, now=T0 + 13 * 3600) is None               # expired
-    alice, bob = (base64.urlsafe_b64encode(name).decode() for name in (b"alice", b"bob"))
-    assert access.from_session(cookie.replace(alice, bob), now=T0) is None          # signature no longer fits
-    assert Access({"alice": "pw"}).from_session(cookie, now=T0) is None         # another process's secret
-    forged = base64.urlsafe_b64encode(b"mallory").decode() + f".{int(T0) + 99}.{'0' * 64}"
-    assert access.from_session(forged, now=T0) is None
+def test_forged_expired_or_ended_sessions_are_refused_and_redis_holds_no_cookie(fake):
+    now = [T0]
+    sessions = Sessions(fake, Keys("p"), clock=lambda: now[0])
+    cookie = sessions.create("alice", "10.0.0.1")
+    assert sessions.user(cookie) == "alice"
+    assert not [k for k in fake.keys("*") if cookie.encode() in k] and cookie.encode() not in fake.dump(
+        Keys("p").web_sessions)                                                      # only its SHA-256 is stored
+    assert sessions.user(cookie[:-1] + ("A" if cookie[-1] != "A" else "B")) is None   # a guessed neighbour
+    assert sessions.user("") is None and sessions.user("x" * 500) is None
+    assert fake.ttl(Keys("p").web_session(hashlib.sha256(cookie.encode()).hexdigest())) == SESSION_TTL
+    now[0] = T0 + SESSION_TTL + 1                                     # expired, even before Redis drops it
+    assert sessions.user(cookie) is None and sessions.list() == []
+    now[0] = T0
+    sessions.end(cookie)
+    assert sessions.user(cookie) is None
 
 
 def test_token_from_setting_or_env_as_bearer_or_login(app, op, monkeypatch):
@@ -153,12 +161,30 @@ def test_cli_refuses_no_auth_off_loopback_and_bad_basic_auth(app, fake):
 
 # -- CSRF and read-only -----------------------------------------------------------------
 
-def post_routes(web) -> list[str]:
-    paths = {"/dlq/{name}/{verb}": ["/dlq/DLQ.orders/replay", "/dlq/DLQ.orders/purge"],
-             "/parked/{verb}": ["/parked/redeliver", "/parked/delete"]}
-    routes = [r.path for r in web.routes if "POST" in (getattr(r, "methods", None) or ())]
-    assert set(routes) == {"/dlq/{name}/{verb}", "/parked/{verb}", "/login", "/logout"}
-    return [p for route in routes for p in paths.get(route, [route])]
+#: Every POST route, each verb it takes, and the action (role check) it needs; None: the login and logout.
+POST_ROUTES = {
+    "/dlq/{name}/{verb}": [("/dlq/DLQ.orders/replay", "replay"), ("/dlq/DLQ.orders/purge", "purge")],
+    "/parked/{verb}": [("/parked/redeliver", "redeliver"), ("/parked/delete", "delete")],
+    "/api/dlq/{name}/{verb}": [("/api/dlq/DLQ.orders/replay", "replay"), ("/api/dlq/DLQ.orders/purge", "purge")],
+    "/api/parked/{verb}": [("/api/parked/redeliver", "redeliver"), ("/api/parked/delete", "delete")],
+    "/login": [("/login", None)],
+    "/logout": [("/logout", None)],
+    "/sessions/revoke": [("/sessions/revoke", "revoke")],
+}
+
+
+def post_routes(web) -> list[tuple[str, str | None]]:
+    """(path, action) of every POST the app has; a new POST route fails here until it is listed above."""
+    routes = {r.path for r in web.routes if "POST" in (getattr(r, "methods", None) or ())}
+    assert routes == set(POST_ROUTES)
+    return [example for route in sorted(routes) for example in POST_ROUTES[route]]
+
+
+def post(c: TestClient, path: str, token: str | None, form: dict, **kw):
+    """POST ``form`` as the page would (with its CSRF token), or as JSON to an /api/ route (its CSRF defence)."""
+    if path.startswith("/api/"):
+        return c.post(path, json={"ids": [form["id"]], "entry_id": form["entry_id"]}, **kw)
+    return c.post(path, data=dict(form, **({"csrf_token": token} if token else {})), **kw)
 
 
 def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_nothing(web, fake, op):
@@ -167,11 +193,16 @@ def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_no
     c = client(web)
     good = csrf(c)
     form = {"all": "1", "id": ids[0], "entry_id": "t1:2", "user": "alice", "password": "wonder"}
-    for path in post_routes(web):
-        for token in (None, "0" * 64, good[:-1] + ("0" if good[-1] != "0" else "1")):
-            data = dict(form, **({"csrf_token": token} if token else {}))
-            r = c.post(path, data=data, follow_redirects=False)
-            assert r.status_code == 403 and "CSRF" in r.text, (path, token)
+    for path, _ in post_routes(web):
+        if path.startswith("/api/"):   # a form (what another site can send) instead of JSON
+            attempts = [c.post(path, data=dict(form, csrf_token=good)),
+                        c.post(path, content=json.dumps({"all": True}), headers={"content-type": "text/plain"})]
+        else:
+            attempts = [c.post(path, data=dict(form, **({"csrf_token": token} if token else {})),
+                               follow_redirects=False)
+                        for token in (None, "0" * 64, good[:-1] + ("0" if good[-1] != "0" else "1"))]
+        for r in attempts:
+            assert r.status_code == 403 and "CSRF" in r.text, (path, r.text)
     other = client(web)  # a token is bound to its browser's cookie: another's is refused
     assert other.post("/dlq/DLQ.orders/purge", data=dict(form, csrf_token=good)).status_code == 403
     assert fake.llen("DLQ.orders") == 2 and op.parked.store.count() == 1
@@ -187,9 +218,10 @@ def test_read_only_hides_and_refuses_every_action(app, op, fake):
         assert "read-only" in html and "Replay" not in html and "Purge" not in html and "Redeliver" not in html
     assert c.get("/dlq/DLQ.orders/confirm?action=replay&all=1").status_code == 403
     token = csrf(c)
-    for path in post_routes(web)[:4]:
-        r = c.post(path, data={"csrf_token": token, "all": "1", "entry_id": "t1:2"})
-        assert r.status_code == 403 and "read-only" in r.text, path
+    for path, action in post_routes(web):
+        if action:
+            r = post(c, path, token, {"all": "1", "id": ids[0], "entry_id": "t1:2"})
+            assert r.status_code == 403 and "read-only" in r.text, path
     assert fake.llen("DLQ.orders") == 2 and op.parked.store.count() == 1
 
 
@@ -425,7 +457,7 @@ def test_templates_and_stylesheet_are_package_data():
         assert any(p.name.endswith((".html", ".css")) for p in shipped.joinpath(folder).iterdir())
 
 
-def test_redis_down_is_a_clear_503_with_sanitized_urls_and_unknown_jobs_a_404():
+def test_redis_down_is_a_clear_503_with_sanitized_urls():
     app = Celery("down", broker="redis://:hunter2@127.0.0.1:1/0", set_as_current=False)
     web = create_app(app, basic_auth=["alice:wonder"])
     c = client(web)
@@ -433,7 +465,13 @@ def test_redis_down_is_a_clear_503_with_sanitized_urls_and_unknown_jobs_a_404():
         r = c.get(page)
         assert r.status_code == 503 and "cannot read Redis (ConnectionError)" in r.text, page
         assert "hunter2" not in r.text and "redis://:**@127.0.0.1:1/0" in r.text
-    assert c.get("/jobs/nope").status_code == 404
+    assert c.get("/jobs/nope").status_code == 503    # no login without Redis: sessions and login counts live there
+
+
+def test_unknown_jobs_are_a_404(web):
+    assert client(web).get("/jobs/nope").status_code == 404
+    assert client(web).get("/api/jobs/nope").json() == {"error": "no such job (jobs are kept by the process that "
+                                                                 "ran them, until it restarts)"}
 
 
 def test_ages_and_times_read_as_people_say_them():

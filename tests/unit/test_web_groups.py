@@ -128,7 +128,7 @@ def test_a_bad_group_id_is_a_clear_error_and_changes_nothing(web, world):
 def test_overview_json_gives_the_figures_the_page_refreshes_and_needs_the_login(web, world):
     from starlette.testclient import TestClient
 
-    anonymous = TestClient(web).get("/api/overview", follow_redirects=False)
+    anonymous = TestClient(web, base_url="http://localhost").get("/api/overview", follow_redirects=False)
     assert anonymous.status_code in (302, 303, 401) and "stats" not in anonymous.text
     data = client(web).get("/api/overview").json()
     assert data["groups"] == {CHARGE: 5, DECLINED: 3, SHIP: 2}

@@ -4,67 +4,136 @@
 -- them. Here nothing is popped without being recorded, and a list element
 -- that is not a kombu message is moved to its queue's quarantine, never lost.
 --
--- KEYS[1..n]      queue lists      (LIST) in priority order, as kombu's BRPOP takes them
--- KEYS[n+1..2n]   quarantines      (LIST) raw elements of list i that are not kombu messages
--- KEYS[2n+1]      unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
--- KEYS[2n+2]      unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
--- KEYS[2n+3]      fetched          (SET)  delivery tags this consumer fetched and has not acked
--- KEYS[2n+4..2n+11] (only with ARGV[3] > 0) the parked store's keys, as move_due.lua takes them
+-- KEYS[1] = the first queue list (LIST), where most messages are: before Redis 7, popped first
+-- KEYS[1..n]          queue lists      (LIST) in priority order, as kombu's BRPOP takes them
+-- KEYS[n+1..2n]       quarantines      (LIST) raw elements of list i that are not kombu messages
+-- KEYS[2n+1]          unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
+-- KEYS[2n+2]          unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
+-- KEYS[2n+3]          fetched          (SET)  delivery tags this consumer fetched and has not acked
+-- KEYS[2n+4..2n+3+m]  wake markers     (ZSET) one per queue, at most one member: the fetch listener writes it
+--                                      when the queue's lists hold a message; an idle fetch blocks on them
+-- KEYS[2n+4+m]        fetch queues     (ZSET) queue -> when a fetch registered it (ms): what the listener hears
+-- KEYS[2n+5+m]        listening        (SET)  the queues a live fetch listener hears
+-- KEYS[2n+6+m..]      (only with a move limit > 0) the parked store's keys, as move_due.lua takes them
 -- ARGV[1] = n, the number of queue lists
 -- ARGV[2] = now, unix seconds (float), the unacked_index score
--- ARGV[3] = the most due parked entries moved onto these lists first (absent or 0: none): a busy
---           worker moves what came due for its own queues without waiting for the mover, as BullMQ's
---           moveToActive promotes delayed jobs (worker/fetch_moves.py); with move_due.lua's bookkeeping
--- ARGV[4] = now (ms), for the moves
--- ARGV[5] = the archive's MAXLEN (approximate); 0: no events
--- ARGV[6] = the events' time (integer microseconds)
--- ARGV[7] = the stats counter that counts the moves
--- Returns nil when every list is empty and nothing was moved, else {i, element, status, tag, queue,
--- task, n, ...}: status is "ok" (recorded under delivery tag `tag`), "quarantined" (moved to KEYS[n+i];
--- tag is "") or "none" (nothing popped; i is 0); then the moves per queue and task, as move_due.lua's.
+-- ARGV[3] = m, the number of wake markers (0: no fetch listener, the channel waits its own way)
+-- ARGV[4] = now (ms)
+-- ARGV[5] = "1": register the queues again (their score), as each channel does every few minutes
+-- ARGV[6..5+m]   the queue of each marker (members of the fetch queues and listening sets)
+-- ARGV[6+m]      the most due parked entries moved onto these lists first (0: none): a busy worker
+--                moves what came due for its own queues without waiting for the mover, as BullMQ's
+--                moveToActive promotes delayed jobs (worker/fetch_moves.py); with move_due.lua's bookkeeping
+-- ARGV[7+m]      the archive's MAXLEN (approximate); 0: no events
+-- ARGV[8+m]      the events' time (integer microseconds)
+-- ARGV[9+m]      the stats counter that counts the moves
+-- Returns, when every list is empty and nothing was moved: 0 when a listener hears every one of these
+-- queues (the channel then blocks on the markers), nil otherwise (it waits without them). Else {i,
+-- element, status, tag, more, queue, task, n, ...}: status is "ok" (recorded under delivery tag `tag`),
+-- "quarantined" (moved to KEYS[n+i]; tag is "") or "none" (nothing popped; i is 0); more is 1 when a
+-- list still holds a message after this pop; then the moves per queue and task.
 local n = tonumber(ARGV[1])
+local m = tonumber(ARGV[3])
+local extra = 5 + m
 local moves = {}
-local limit = tonumber(ARGV[3] or '0')
-if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[2 * n + 4], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
+local limit = tonumber(ARGV[extra + 1] or '0')
+local store = 2 * n + 6 + m
+if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[store], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
   local lists = {}
   for i = 1, n do
     lists[KEYS[i]] = i
   end
-  local _, _, per_task = move_due_entries(2 * n + 4, lists, ARGV[4], limit, tonumber(ARGV[5]), ARGV[6], ARGV[7])
+  local _, _, per_task = move_due_entries(store, lists, ARGV[4], limit, tonumber(ARGV[extra + 2]),
+                                          ARGV[extra + 3], ARGV[extra + 4])
   append_moves(moves, per_task)
 end
 local function reply(i, element, status, tag)
-  local out = {i, element, status, tag}
+  local more = 0
+  if redis.call('EXISTS', unpack(KEYS, 1, n)) > 0 then
+    more = 1
+  end
+  local out = {i, element, status, tag, more}
   for _, v in ipairs(moves) do
     out[#out + 1] = v
   end
   return out
 end
-if #moves == 0 and redis.call('EXISTS', unpack(KEYS, 1, n)) == 0 then   -- every list empty (no key):
-  return nil                                           -- one command, not one RPOP per list
+local function register()   -- the listener hears the queues of the fetch queues set (it is told of new ones)
+  local args = {}
+  for j = 1, m do
+    args[#args + 1] = ARGV[4]
+    args[#args + 1] = ARGV[5 + j]
+  end
+  if redis.call('ZADD', KEYS[2 * n + 4 + m], unpack(args)) > 0 then
+    redis.call('PUBLISH', KEYS[2 * n + 4 + m], 'new')
+  end
 end
-for i = 1, n do
-  local element = redis.call('RPOP', KEYS[i])
-  if element then
-    local ok, message = pcall(cjson.decode, element)
-    local properties = ok and type(message) == 'table' and message['properties']
-    local tag = type(properties) == 'table' and properties['delivery_tag']
-    local info = type(properties) == 'table' and properties['delivery_info']
-    if type(tag) == 'string' and tag ~= '' and type(info) == 'table'
-        and type(info['exchange']) == 'string' and type(info['routing_key']) == 'string' then
-      -- The element is kept byte for byte: kombu's restore decodes [M, EX, RK].
-      local record = '[' .. element .. ',' .. cjson.encode(info['exchange']) .. ','
-                     .. cjson.encode(info['routing_key']) .. ']'
-      redis.call('HSET', KEYS[2 * n + 1], tag, record)
-      redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
-      redis.call('SADD', KEYS[2 * n + 3], tag)
-      return reply(i, element, 'ok', tag)
+local function empty()
+  if m == 0 then
+    return nil
+  end
+  -- Empty now, so any marker of these queues is stale: the next push writes it again.
+  redis.call('DEL', unpack(KEYS, 2 * n + 4, 2 * n + 3 + m))
+  local heard = redis.call('SMISMEMBER', KEYS[2 * n + 5 + m], unpack(ARGV, 6, 5 + m))
+  for j = 1, m do
+    if heard[j] == 0 then
+      register()
+      return nil
     end
-    redis.call('LPUSH', KEYS[n + i], element)
-    return reply(i, element, 'quarantined', '')
+  end
+  if ARGV[5] == '1' then
+    register()
+  end
+  return 0
+end
+local function take(i, element)
+  local ok, message = pcall(cjson.decode, element)
+  local properties = ok and type(message) == 'table' and message['properties']
+  local tag = type(properties) == 'table' and properties['delivery_tag']
+  local info = type(properties) == 'table' and properties['delivery_info']
+  if type(tag) == 'string' and tag ~= '' and type(info) == 'table'
+      and type(info['exchange']) == 'string' and type(info['routing_key']) == 'string' then
+    -- The element is kept byte for byte: kombu's restore decodes [M, EX, RK].
+    local record = '[' .. element .. ',' .. cjson.encode(info['exchange']) .. ','
+                   .. cjson.encode(info['routing_key']) .. ']'
+    redis.call('HSET', KEYS[2 * n + 1], tag, record)
+    redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
+    redis.call('SADD', KEYS[2 * n + 3], tag)
+    return reply(i, element, 'ok', tag)
+  end
+  redis.call('LPUSH', KEYS[n + i], element)
+  return reply(i, element, 'quarantined', '')
+end
+-- One LMPOP takes from the first list that holds a message (Redis >= 7): one command wherever the message
+-- is, and for an empty fetch. Before 7: the first list first (where most messages are), then one EXISTS
+-- for the rest, and RPOP down the lists.
+if redis.REDIS_VERSION_NUM and redis.REDIS_VERSION_NUM >= 0x070000 then
+  local key_args = {n}   -- LMPOP numkeys key ... RIGHT: the keys are KEYS[1..n]
+  local index = {}
+  for i = 1, n do
+    key_args[i + 1] = KEYS[i]
+    index[KEYS[i]] = i
+  end
+  key_args[n + 2] = 'RIGHT'
+  local popped = redis.call('LMPOP', unpack(key_args))
+  if popped then
+    return take(index[popped[1]], popped[2][1])
+  end
+else
+  local first = redis.call('RPOP', KEYS[1])
+  if first then
+    return take(1, first)
+  end
+  if n > 1 and redis.call('EXISTS', unpack(KEYS, 2, n)) > 0 then
+    for i = 2, n do
+      local element = redis.call('RPOP', KEYS[i])
+      if element then
+        return take(i, element)
+      end
+    end
   end
 end
 if #moves > 0 then
-  return reply(0, '', 'none', '')
+  return {0, '', 'none', '', 0, unpack(moves)}
 end
-return nil
+return empty()

@@ -1,0 +1,367 @@
+"""Benchmark 13: N idle fetchers on one Redis, past what this machine's real workers reach (issue #30).
+
+Real workers stop at about 30 on a 2-core machine (``bench/scale.py``).
+Here each side runs N *simulated* fetchers in one asyncio loop, each with
+its own connection, speaking the same Redis protocol as the worker:
+
+- ``celery``: kombu's fetch: ``BRPOP <8 lists> 1`` (two queues, four
+  priority steps), then kombu's ``QoS.append`` (MULTI ZADD HSET EXEC) and,
+  after the "task", its ack (MULTI ZREM HDEL EXEC);
+- ``dlq``: celery-dlq's fetch: ``fetch.lua`` with the transport's keys and
+  arguments (``worker/transport.py``), the idle wait on the wake markers
+  (``BZPOPMIN``) or the fallback wait, the ack (HDEL ZREM SREM), a
+  heartbeat (``SET NX PX``) every ``dlq_heartbeat_interval``; the lease
+  holder's real :class:`~celery_dlq.worker.heartbeat.Heartbeat` and
+  :class:`~celery_dlq.worker.fetch_listener.FetchListener` threads run
+  beside them, for the first fetcher's worker. With ``--notify`` its server also sends keyspace events
+  (``Kl``), which the fetch ignores.
+
+Both sides run at once on two redis-servers, so their windows interleave by
+construction; each phase is repeated ``--rounds`` times and medians
+(min-max) are reported. Per N: idle commands/s per fetcher; a trickle (5
+tasks/s over the three lists: default queue, second queue, priority 9) and
+a steady load (200 tasks/s): Redis commands and Redis CPU (``INFO cpu``)
+per task, with the idle rate of the same window included (what a user's
+Redis sees) and beyond it (what one more task costs, which must not grow
+with N); pickup latency (publish to fetch) p50/p99 per list in the trickle.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+import redis.asyncio as aioredis  # noqa: E402
+
+from bench.common import RedisServer, machine, median, parser, pct, print_table  # noqa: E402
+from celery_dlq.redis.keys import Keys, QueueLists  # noqa: E402
+from celery_dlq.redis.lease import MoverLease  # noqa: E402
+from celery_dlq.redis.scripts import script_source  # noqa: E402
+from celery_dlq.worker.fetch_listener import FetchListener  # noqa: E402
+from celery_dlq.worker.fetch_moves import FetchMoves  # noqa: E402
+from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402
+from celery_dlq.worker.transport import FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY  # noqa: E402
+
+QUEUES = ("herd", "herd2")
+LISTS = QueueLists()
+PREFIX = "herd"
+KEYS = Keys(PREFIX)
+#: The three lists the trickle rotates over (queue, priority).
+TARGETS = {"default queue": ("herd", 0), "second queue": ("herd2", 0), "priority sub-list": ("herd", 9)}
+HEARTBEAT = 2.5
+OWN = ("info", "client|list", "config|set", "flushall", "script|load", "ping")
+
+
+def ordered_lists() -> list[str]:
+    """kombu's BRPOP order: priority-major over the queues."""
+    return [LISTS.key(queue, step) for step in LISTS.steps for queue in QUEUES]
+
+
+def element(queue: str, priority: int) -> bytes:
+    return json.dumps({"body": "", "content-type": "application/json", "content-encoding": "utf-8",
+                       "headers": {"sent": time.time()},
+                       "properties": {"delivery_tag": uuid.uuid4().hex, "priority": priority,
+                                      "body_encoding": "base64",
+                                      "delivery_info": {"exchange": "", "routing_key": queue}}}).encode()
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.pickups: dict[str, list[float]] = {}
+        self.taken = 0
+
+    def took(self, raw: bytes) -> None:
+        message = json.loads(raw)
+        sent = message["headers"]["sent"]
+        info = message["properties"]["delivery_info"]["routing_key"]
+        label = ("priority sub-list" if message["properties"]["priority"] else
+                 "second queue" if info == "herd2" else "default queue")
+        self.pickups.setdefault(label, []).append(time.time() - sent)
+        self.taken += 1
+
+
+async def plain_fetcher(url: str, stats: Stats, stop: asyncio.Event) -> None:
+    client = aioredis.Redis.from_url(url, single_connection_client=True, socket_timeout=None, protocol=2)
+    lists = ordered_lists()
+    try:
+        while not stop.is_set():
+            reply = await client.brpop(lists, timeout=1)
+            if reply is None:
+                continue
+            message = json.loads(reply[1])
+            tag = message["properties"]["delivery_tag"]
+            pipe = client.pipeline(transaction=True)   # kombu's QoS.append
+            pipe.zadd("unacked_index", {tag: time.time()}).hset("unacked", tag, reply[1])
+            await pipe.execute()
+            stats.took(reply[1])
+            pipe = client.pipeline(transaction=True)   # kombu's ack
+            pipe.zrem("unacked_index", tag).hdel("unacked", tag)
+            await pipe.execute()
+    finally:
+        await client.aclose()
+
+
+class DlqFetcher:
+    """One channel of celery-dlq's transport, as ``_brpop_start``/``_brpop_read`` drive it."""
+
+    def __init__(self, url: str, ident: int, stats: Stats, sha: str) -> None:
+        self.client = aioredis.Redis.from_url(url, single_connection_client=True, socket_timeout=None, protocol=2)
+        self.beat_client = aioredis.Redis.from_url(url, single_connection_client=True, protocol=2)
+        self.stats, self.sha, self.ident = stats, sha, f"sim:{ident}"
+        self.lists = ordered_lists()
+        self.markers = [KEYS.fetch_marker(queue) for queue in QUEUES]
+        self.wake = KEYS.fetch_wake(self.ident)
+        self.fetched = KEYS.fetched(self.ident)
+        moves = FetchMoves(tuple(KEYS.move_keys()), 0)
+        self.moves = moves
+        self.keys = [*self.lists, *(KEYS.quarantine(LISTS.queue_of(k)) for k in self.lists), "unacked",
+                     "unacked_index", self.fetched, *self.markers, KEYS.fetch_queues, KEYS.fetch_listening,
+                     *moves.keys]
+        self.next, self.took, self.heard_at, self.registered_at = FETCH, False, -HEARD_FOR, -REGISTER_EVERY
+        #: Real workers start at different times: the first wait and beat are spread over their periods, so a
+        #: window of the benchmark sees their average rates, not all of them at once (each later wait is
+        #: U(0.5, 1) x MARKER_WAIT, as the transport's).
+        self.first_wait = random.uniform(1.0, MARKER_WAIT)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                await self.step()
+        finally:
+            await self.client.aclose()
+
+    async def step(self) -> None:
+        if self.next == MARKERS:
+            wait, self.first_wait = self.first_wait or MARKER_WAIT * random.uniform(0.5, 1.0), 0.0
+            woken = await self.client.bzpopmin([self.wake, *self.markers], timeout=wait)
+            quiet = woken is None and time.monotonic() - self.heard_at < HEARD_FOR - MARKER_WAIT
+            self.next = MARKERS if quiet else FETCH
+            return
+        if self.next == FALLBACK:
+            await self.client.execute_command("BLMOVE", self.lists[0], self.lists[0], "RIGHT", "RIGHT", 1.0)
+            self.next = FETCH
+            return
+        now, clock = time.time(), time.monotonic()
+        register = "1" if clock - self.registered_at >= REGISTER_EVERY else ""
+        if register:
+            self.registered_at = clock
+        moves = self.moves.args(now) if self.took else []
+        reply = await self.client.evalsha(self.sha, len(self.keys), *self.keys, len(self.lists), now,
+                                          len(QUEUES), int(now * 1000), register, *QUEUES, *moves)
+        self.took = bool(reply)
+        if not reply:
+            if reply == 0:
+                self.heard_at = time.monotonic()
+            self.next = MARKERS if reply == 0 else FALLBACK
+            return
+        more = int(reply[4])
+        self.next = FETCH if more or time.monotonic() - self.heard_at >= HEARD_FOR else MARKERS
+        tag = reply[3].decode()
+        self.stats.took(reply[1])
+        pipe = self.client.pipeline(transaction=False)   # the transport's ack
+        pipe.hdel("unacked", tag).zrem("unacked_index", tag).srem(self.fetched, tag)
+        await pipe.execute()
+
+    async def beat(self, stop: asyncio.Event) -> None:
+        """A worker without the lease: SET NX PX every interval (``redis/lease.py``)."""
+        try:
+            await asyncio.sleep(random.uniform(0, HEARTBEAT))
+            while not stop.is_set():
+                await self.beat_client.set(KEYS.mover_lease, self.ident, nx=True, px=7500)
+                try:
+                    await asyncio.wait_for(stop.wait(), HEARTBEAT)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self.beat_client.aclose()
+
+
+def snapshot(client: redis.Redis) -> tuple[float, int, float, dict[str, int]]:
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    by = {name[len("cmdstat_"):]: int(row["calls"]) for name, row in stats.items()
+          if name[len("cmdstat_"):] not in OWN}
+    return time.monotonic(), sum(by.values()), float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), by
+
+
+class Side:
+    def __init__(self, name: str, n: int, notify: bool) -> None:
+        self.name, self.n = name, n
+        self.server = RedisServer(None, *(("--notify-keyspace-events", "Kl") if notify else ()),
+                                  "--maxclients", "10000").start()
+        self.client = redis.Redis.from_url(self.server.url)
+        self.stats = Stats()
+        self.threads: list = []
+
+    def start_holder(self) -> None:
+        """The lease holder's real heartbeat and fetch listener (a worker's threads)."""
+        lease = MoverLease(self.client, KEYS, "holder", 10.0, HEARTBEAT)
+        url = self.server.url
+
+        def on_role(holds: bool) -> None:
+            if holds:
+                listener = FetchListener(lambda: redis.Redis.from_url(url, protocol=2), KEYS, LISTS)
+                listener.start()
+                self.threads.append(listener)
+
+        heartbeat = Heartbeat(lease, on_role=on_role)
+        heartbeat.start()
+        self.threads.append(heartbeat)
+        heartbeat.holder.wait(10)
+
+    def stop(self) -> None:
+        for thread in self.threads:
+            thread.stop()
+        self.server.stop()
+
+
+async def run_n(n: int, rounds: int, idle_window: float, trickle: int, load: int, notify: bool) -> dict:
+    sides = {"celery": Side("celery", n, False), "dlq": Side("dlq", n, notify)}
+    stop = asyncio.Event()
+    tasks = []
+    result: dict = {"n": n, "idle": {}, "trickle": {}, "load": {}, "pickup": {}}
+    try:
+        dlq = sides["dlq"]
+        dlq.start_holder()
+        sha = dlq.client.script_load(script_source("fetch"))
+        for i in range(n):
+            tasks.append(asyncio.create_task(plain_fetcher(sides["celery"].server.url, sides["celery"].stats, stop)))
+            fetcher = DlqFetcher(dlq.server.url, i, dlq.stats, sha)
+            tasks.append(asyncio.create_task(fetcher.run(stop)))
+            if i:   # fetcher 0 is the lease holder's worker: its beats are the real Heartbeat's
+                tasks.append(asyncio.create_task(fetcher.beat(stop)))
+        await asyncio.sleep(8.0 + n / 100)   # connected, registered, heard, blocked
+        publishers = {name: aioredis.Redis.from_url(side.server.url, protocol=2) for name, side in sides.items()}
+        for _ in range(rounds):
+            await asyncio.sleep(random.uniform(0, MARKER_WAIT))   # no round in step with the waits' period
+            before = {name: snapshot(side.client) for name, side in sides.items()}
+            await asyncio.sleep(idle_window)
+            after = {name: snapshot(side.client) for name, side in sides.items()}
+            for name in sides:
+                seconds = after[name][0] - before[name][0]
+                result["idle"].setdefault(name, []).append((after[name][1] - before[name][1]) / seconds / n)
+                result.setdefault("idle_by", {})[name] = {
+                    k: round((v - before[name][3].get(k, 0)) / seconds / n, 3) for k, v in after[name][3].items()
+                    if v != before[name][3].get(k, 0)}
+            for phase, count, rate in (("trickle", trickle, 5.0), ("load", load, 200.0)):
+                before = {name: snapshot(side.client) for name, side in sides.items()}
+                taken = {name: side.stats.taken for name, side in sides.items()}
+                labels = list(TARGETS)
+                for i in range(count):
+                    queue, priority = TARGETS[labels[i % len(labels)]] if phase == "trickle" else ("herd", 0)
+                    for name, pub in publishers.items():
+                        await pub.lpush(LISTS.key(queue, priority), element(queue, priority))
+                    await asyncio.sleep(1.0 / rate)
+                end = time.monotonic() + 60
+                while any(side.stats.taken - taken[name] < count for name, side in sides.items()) \
+                        and time.monotonic() < end:
+                    await asyncio.sleep(0.01)
+                after = {name: snapshot(side.client) for name, side in sides.items()}
+                for name in sides:
+                    seconds = after[name][0] - before[name][0]
+                    total = after[name][1] - before[name][1]
+                    idle = result["idle"][name][-1] * n * seconds   # this round's idle rate, over this window
+                    by = {k: round((v - before[name][3].get(k, 0)) / count, 2) for k, v in after[name][3].items()
+                          if v != before[name][3].get(k, 0)}
+                    result[phase].setdefault(name, []).append(
+                        (total / count, (after[name][2] - before[name][2]) * 1000 / count, (total - idle) / count, by))
+        for name, side in sides.items():
+            result["pickup"][name] = side.stats.pickups
+        for pub in publishers.values():
+            await pub.aclose()
+    finally:
+        stop.set()
+        for side in sides.values():   # ends the blocked waits at once
+            try:
+                side.client.client_kill_filter(_type="normal", skipme=True)
+            except redis.RedisError:
+                pass
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for side in sides.values():
+            side.stop()
+    return result
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def report(results: list[dict]) -> None:
+    rows = []
+    for r in results:
+        idle = {name: median(v) for name, v in r["idle"].items()}
+        trickle = {name: median([x[0] for x in v]) for name, v in r["trickle"].items()}
+        load = {name: median([x[0] for x in v]) for name, v in r["load"].items()}
+        rows.append([r["n"], spread(r["idle"]["celery"]), spread(r["idle"]["dlq"]),
+                     f"{idle['dlq'] / idle['celery']:.2f}x",
+                     spread([x[0] for x in r["trickle"]["celery"]], "{:.1f}"),
+                     spread([x[0] for x in r["trickle"]["dlq"]], "{:.1f}"), f"{trickle['dlq'] / trickle['celery']:.2f}x",
+                     spread([x[0] for x in r["load"]["celery"]], "{:.1f}"),
+                     spread([x[0] for x in r["load"]["dlq"]], "{:.1f}"), f"{load['dlq'] / load['celery']:.2f}x"])
+    print("\nRedis commands, median (min-max) of the rounds: idle per fetcher per second; per task (the idle "
+          "rate of the window included) under a trickle of 5 tasks/s and a load of 200 tasks/s:")
+    print_table(["N", "idle celery", "idle dlq", "ratio", "trickle celery", "trickle dlq", "ratio",
+                 "load celery", "load dlq", "ratio"], rows)
+    rows = []
+    for r in results:
+        cols = []
+        for phase in ("trickle", "load"):
+            marginal = {side: [x[2] for x in r[phase][side]] for side in ("celery", "dlq")}
+            cols += [spread(marginal["celery"], "{:.1f}"), spread(marginal["dlq"], "{:.1f}"),
+                     f"{median(marginal['dlq']) / median(marginal['celery']):.2f}x"]
+        rows.append([r["n"], *cols])
+    print("\nRedis commands per task beyond the idle rate of the same round (what one more task costs), "
+          "median (min-max):")
+    print_table(["N", "trickle celery", "trickle dlq", "ratio", "load celery", "load dlq", "ratio"], rows)
+    for r in results:
+        print(f"  N={r['n']} idle, per fetcher per second by command (last round): {r.get('idle_by')}")
+        for phase in ("trickle", "load"):
+            print(f"  N={r['n']} {phase}, per task by command (first round): celery {r[phase]['celery'][0][3]}")
+            print(f"  N={r['n']} {phase}, per task by command (first round): dlq {r[phase]['dlq'][0][3]}")
+    rows = []
+    for r in results:
+        rows.append([r["n"]] + [spread([x[1] for x in r[phase][side]], "{:.3f}")
+                                for phase in ("trickle", "load") for side in ("celery", "dlq")])
+    print("\nRedis CPU per task (ms), median (min-max):")
+    print_table(["N", "trickle celery", "trickle dlq", "load celery", "load dlq"], rows)
+    rows = []
+    for r in results:
+        for label in TARGETS:
+            c = r["pickup"]["celery"].get(label, [])
+            d = r["pickup"]["dlq"].get(label, [])
+            if c and d:
+                rows.append([r["n"], label, f"{pct(c, 50) * 1000:.2f}", f"{pct(c, 99) * 1000:.2f}",
+                             f"{pct(d, 50) * 1000:.2f}", f"{pct(d, 99) * 1000:.2f}", len(d)])
+    print("\nPickup, publish to fetch (ms), every round's trickle and load together:")
+    print_table(["N", "list", "celery p50", "celery p99", "dlq p50", "dlq p99", "samples"], rows)
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--fetchers", default=None, help="comma-separated N (default 1,10,100,1000; 1,10,100 --quick)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--notify", action="store_true", help="the dlq side's server sends keyspace events (Kl)")
+    p.add_argument("--json", default=None, help="write the raw results here")
+    args = p.parse_args()
+    ns = [int(x) for x in (args.fetchers or ("1,10,100" if args.quick else "1,10,100,1000")).split(",")]
+    idle_window, trickle, load = (4.0, 15, 200) if args.quick else (10.0, 30, 1000)
+    print(machine(), f"notify={args.notify}")
+    results = []
+    for n in ns:
+        print(f"N={n} ...", flush=True)
+        results.append(asyncio.run(run_n(n, args.rounds, idle_window, trickle, load, args.notify)))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+if __name__ == "__main__":
+    main()

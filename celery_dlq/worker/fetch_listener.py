@@ -1,0 +1,303 @@
+"""The fetch listener: one thread, in the worker holding the mover lease, that wakes one idle worker per message.
+
+The fetch pops and records in one script, and a script cannot block, so an
+idle channel blocks on a wake marker per queue (``BZPOPMIN``; a ZSET with at
+most one member). This thread hears every write to the watched queues'
+lists through Redis' client tracking in broadcast mode (``CLIENT TRACKING ON
+BCAST PREFIX <queue> ... REDIRECT <id>``: invalidation messages, no server
+configuration, Redis >= 6) and writes the marker of each queue whose lists
+hold a message. Redis serves a marker's one member to
+one blocked client, so a message wakes one idle worker however many wait,
+as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
+queue again if another message is left, waking the next.
+
+What a message costs the listener (:class:`Coalescer`): a write heard to a
+list is marked at once (one ``ZADD``: a push), except the first write heard
+within :data:`WINDOW` after a marking, which is presumed the pop of the
+worker that marking woke and only looked at when the window ends (one
+``EXISTS``, and a ``ZADD`` where the list holds a message; the looks of a
+window are one). So a message costs the listener about two commands, and
+no push waits for a window.
+
+The queues to hear are those fetches register (``Keys.fetch_queues``,
+written by a fetch that finds a queue of its own not heard, which also
+publishes on that key's name, so the thread hears of a new queue at once).
+The thread publishes the queues it hears in ``Keys.fetch_listening`` (a SET
+living :data:`LISTENING_TTL_MS`); a fetch blocks on its markers only when
+all of its queues are there, and otherwise waits without them (the
+channel's fallback). When the lease passes to another worker (its holder
+died), the new listener marks every queue that holds a message as it
+starts, which wakes the workers blocked on the markers.
+
+Every :data:`CHECK` seconds the thread checks that tracking is still on
+(``CLIENT TRACKINGINFO``), reads the registered queues and renews the SET;
+when the queues changed or tracking was lost it tracks again and marks
+every queue that holds a message (what was pushed meanwhile). Its
+connections never reconnect silently (a reconnected connection would have
+lost its tracking): an error ends them, and the thread starts over.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import redis
+
+from celery_dlq.redis.keys import Keys, QueueLists
+
+logger = logging.getLogger(__name__)
+
+#: The pub/sub channel Redis sends key invalidations on (RESP2 redirect).
+INVALIDATE = "__redis__:invalidate"
+#: Seconds between two checks of the tracking, the registered queues and the listening SET.
+CHECK = 30.0
+#: How long the listening SET outlives the listener's last check (ms): then fetches stop relying on it.
+LISTENING_TTL_MS = 90_000
+#: A queue no fetch found empty for this long is no longer heard (ms).
+STALE_MS = 3_600_000
+#: Most lists looked at in one round trip.
+BATCH = 256
+#: Writes heard to a list within this long of its last marking are looked at together when it ends (seconds).
+WINDOW = 0.05
+#: After tracking was refused (an ACL, a proxy, an old server): try again after this long (seconds).
+REFUSED_WAIT = 60.0
+
+
+def prefixes(names: Iterable[str]) -> list[str]:
+    """The fewest prefixes covering ``names``: Redis refuses two tracked prefixes where one starts the other."""
+    kept: list[str] = []
+    for name in sorted(set(names)):
+        if not any(name.startswith(prefix) for prefix in kept):
+            kept.append(name)
+    return kept
+
+
+def tracking_on(info: Any, redirect: int) -> bool:
+    """Whether a ``CLIENT TRACKINGINFO`` reply (RESP2: a flat list of pairs) says broadcast tracking to
+    ``redirect`` is on and its redirect alive."""
+    fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
+    flags = {bytes(flag) if isinstance(flag, (bytes, bytearray)) else str(flag).encode()
+             for flag in fields.get(b"flags", fields.get("flags", []))}
+    target = fields.get(b"redirect", fields.get("redirect"))
+    return b"on" in flags and b"bcast" in flags and b"broken_redirect" not in flags and target == redirect
+
+
+class Coalescer:
+    """Which lists heard written to are marked at once, which looked at when their window ends.
+
+    A marking wakes one worker, whose pop is heard next: after each marking
+    of a list, the next write heard within :attr:`window` is presumed that
+    pop and only looked at when the window ends; any other write is marked
+    at once (a push, whose message must not wait). A presumption that was
+    wrong costs at worst one idle worker a fetch that finds nothing.
+    """
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._until: dict[str, float] = {}   # list -> when the window of its last marking ends
+        self._pop: set[str] = set()          # lists whose marking's pop has not been heard yet
+        self._later: dict[str, float] = {}   # list -> when to look at it
+
+    def heard(self, lists: Iterable[str], now: float) -> set[str]:
+        """The lists to mark now: the others wait for :meth:`due`."""
+        at_once = set()
+        for key in lists:
+            if key in self._pop and now < self._until[key]:
+                self._pop.discard(key)
+                self._later.setdefault(key, self._until[key])
+            else:
+                at_once.add(key)
+                self._until[key] = now + self.window
+                self._pop.add(key)
+        return at_once
+
+    def due(self, now: float) -> set[str]:
+        """The lists whose look has come: to look at now (EXISTS, and mark those holding a message)."""
+        due = {key for key, at in self._later.items() if at <= now}
+        for key in due:
+            del self._later[key]
+        return due
+
+    def next_at(self, default: float) -> float:
+        """When the next look is due (``default`` when none is pending)."""
+        return min(self._later.values(), default=default)
+
+
+class FetchListener(threading.Thread):
+    """Hears writes to the watched queues' lists and writes their wake markers (see the module docstring)."""
+
+    def __init__(self, connect: Callable[[], Any], keys: Keys, lists: QueueLists,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name="celery-dlq-fetch-listener", daemon=True)
+        self.connect, self.keys, self.lists, self.clock = connect, keys, lists, clock
+        self._stop_event = threading.Event()
+        #: full list name -> its queue's marker, for every queue heard
+        self.watched: dict[str, str] = {}
+        self.signalled = 0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stop_event.is_set():
+            client = pubsub = None
+            try:
+                client = self.connect()
+                pubsub = client.pubsub()
+                self._listen(client, pubsub)
+                backoff = 0.5
+            except redis.ResponseError as exc:   # CLIENT TRACKING refused: fetches keep their fallback wait
+                logger.warning("celery-dlq: the fetch listener cannot track the queues (%s); idle fetches wait "
+                               "without it (a message on a queue's second list waits up to dlq_fetch_wait); "
+                               "trying again in %.0fs", exc, REFUSED_WAIT)
+                self._forget()   # an earlier listener's set: fetches must not wait on markers nobody writes
+                self._stop_event.wait(REFUSED_WAIT)
+            except Exception as exc:   # the connection was lost (a Redis restart): heard again once back
+                logger.debug("celery-dlq: the fetch listener lost its connection (%s: %s); again in %.1fs",
+                             type(exc).__name__, exc, backoff)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                self._close(pubsub, client)
+        self._forget()
+
+    # -- one connection's life ------------------------------------------------------
+
+    def _listen(self, client: Any, pubsub: Any) -> None:
+        pubsub.execute_command("CLIENT", "ID")
+        redirect = int(pubsub.parse_response(timeout=5))
+        pubsub.subscribe(INVALIDATE, self.keys.fetch_queues)
+        tracker = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+        try:
+            queues: frozenset[str] = frozenset()
+            tracked = False
+            next_check = 0.0
+            coalescer = Coalescer(WINDOW)
+            while not self._stop_event.is_set():
+                now = time.monotonic()
+                if now >= next_check:
+                    queues, tracked = self._check(tracker, redirect, queues, tracked)
+                    next_check = now + CHECK
+                wait = min(0.5, next_check - now, coalescer.next_at(now + 0.5) - now)
+                message = pubsub.get_message(timeout=max(0.0, wait))
+                written: set[str] = set()
+                while message is not None and len(written) < BATCH:
+                    if self._registered(message):   # a fetch registered a new queue: hear it now
+                        next_check = 0.0
+                    written |= self._written(message)
+                    message = pubsub.get_message(timeout=0.0)
+                now = time.monotonic()
+                self._mark(tracker, coalescer.heard(written, now))
+                self._signal(tracker, coalescer.due(now))
+        finally:
+            tracker.close()
+
+    def _check(self, tracker: Any, redirect: int, queues: frozenset[str],
+               tracked: bool) -> tuple[frozenset[str], bool]:
+        now_ms = int(self.clock() * 1000)
+        pipe = tracker.pipeline(transaction=False)
+        pipe.zrangebyscore(self.keys.fetch_queues, now_ms - STALE_MS, "+inf")
+        pipe.execute_command("CLIENT", "TRACKINGINFO")
+        pipe.pexpire(self.keys.fetch_listening, LISTENING_TTL_MS)
+        registered, info, _ = pipe.execute()
+        current = frozenset(member.decode("utf-8", "surrogateescape") if isinstance(member, bytes) else member
+                            for member in registered)
+        if current == queues and tracked and tracking_on(info, redirect):
+            return queues, True
+        if not current:
+            return current, False
+        self._track(tracker, redirect, current)
+        self._signal(tracker, set(self.watched))   # what was pushed before the tracking took
+        pipe = tracker.pipeline(transaction=True)
+        pipe.delete(self.keys.fetch_listening)
+        pipe.sadd(self.keys.fetch_listening, *sorted(current))
+        pipe.pexpire(self.keys.fetch_listening, LISTENING_TTL_MS)
+        pipe.zremrangebyscore(self.keys.fetch_queues, "-inf", now_ms - STALE_MS)
+        pipe.execute()
+        logger.debug("celery-dlq: the fetch listener hears %d queue(s)", len(current))
+        return current, True
+
+    def _track(self, tracker: Any, redirect: int, queues: frozenset[str]) -> None:
+        self.watched = {key: self.keys.fetch_marker(queue) for queue in queues for key in self.lists.keys(queue)}
+        names = prefixes(self.lists.global_keyprefix + queue for queue in queues)
+        tracker.execute_command("CLIENT", "TRACKING", "OFF")
+        args: list[Any] = ["CLIENT", "TRACKING", "ON", "REDIRECT", redirect, "BCAST"]
+        for name in names:
+            args += ["PREFIX", name]
+        tracker.execute_command(*args, "NOLOOP")
+
+    def _registered(self, message: Any) -> bool:
+        channel = message.get("channel") if message else None
+        return message.get("type") == "message" and channel in (self.keys.fetch_queues,
+                                                                self.keys.fetch_queues.encode())
+
+    def _written(self, message: Any) -> set[str]:
+        """The watched lists an invalidation message names (all of them for a flush, which names none)."""
+        if not message or message.get("type") != "message" or self._registered(message):
+            return set()
+        data = message.get("data")
+        if data is None:
+            return set(self.watched)
+        names = data if isinstance(data, list) else [data]
+        written = set()
+        for name in names:
+            key = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else str(name)
+            if key in self.watched:
+                written.add(key)
+        return written
+
+    def _mark(self, tracker: Any, lists: set[str]) -> None:
+        """Write the marker of the queue of each of ``lists`` (a push was heard to each)."""
+        markers = sorted({self.watched[key] for key in lists})
+        if markers:
+            pipe = tracker.pipeline(transaction=False)
+            for marker in markers:
+                pipe.zadd(marker, {"m": 0})
+            pipe.execute()
+            self.signalled += len(markers)
+
+    def _signal(self, tracker: Any, lists: set[str]) -> None:
+        """Write the marker of each queue one of ``lists`` holds a message of (not one script: EXISTS, then
+        ZADD where it holds one; a pop in between costs one idle worker a fetch that finds nothing)."""
+        if not lists:
+            return
+        ordered = sorted(lists)
+        for start in range(0, len(ordered), BATCH):
+            part = ordered[start:start + BATCH]
+            pipe = tracker.pipeline(transaction=False)
+            for key in part:
+                pipe.exists(key)
+            markers = {self.watched[key] for key, held in zip(part, pipe.execute()) if held}
+            if markers:
+                pipe = tracker.pipeline(transaction=False)
+                for marker in sorted(markers):
+                    pipe.zadd(marker, {"m": 0})
+                pipe.execute()
+                self.signalled += len(markers)
+
+    # -- the end ------------------------------------------------------------------
+
+    def _forget(self) -> None:
+        """A stopping listener takes its SET down, so fetches wait without it at once (best effort)."""
+        client = None
+        try:
+            client = self.connect()
+            client.delete(self.keys.fetch_listening)
+        except Exception:
+            logger.debug("celery-dlq: could not take the fetch listener's set down", exc_info=True)
+        finally:
+            self._close(None, client)
+
+    @staticmethod
+    def _close(pubsub: Any, client: Any) -> None:
+        for thing in (pubsub, client):
+            if thing is not None:
+                try:
+                    thing.close()
+                except Exception:
+                    logger.debug("celery-dlq: error closing a fetch listener connection", exc_info=True)

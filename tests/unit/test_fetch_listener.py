@@ -1,0 +1,107 @@
+"""The fetch's wake markers and the listener's pieces: one message marks its queue once, an empty fetch
+clears its markers and says whether a listener hears it; the prefixes and tracking checks are pure."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, prefixes, tracking_on
+from tests.unit.test_fetch import celery_message, fetch
+
+
+def test_a_signal_marks_only_queues_holding_a_message_and_a_marker_holds_one_member(any_redis, unique):
+    keys, q, r = Keys(f"s{unique}"), f"q{unique}", f"r{unique}"
+    listener = FetchListener(lambda: any_redis, keys, QueueLists())
+    listener.watched = {q: keys.fetch_marker(q), f"{q}\x06\x163": keys.fetch_marker(q), r: keys.fetch_marker(r)}
+    any_redis.lpush(f"{q}\x06\x163", "x")   # a priority sub-list of q
+    try:
+        listener._signal(any_redis, set(listener.watched))
+        listener._signal(any_redis, {q, f"{q}\x06\x163"})
+        assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"]   # written twice: still one member
+        assert not any_redis.exists(keys.fetch_marker(r)) and listener.signalled == 2
+    finally:
+        any_redis.delete(f"{q}\x06\x163", keys.fetch_marker(q))
+
+
+def test_only_invalidations_of_watched_lists_count_and_a_flush_counts_them_all():
+    keys = Keys("w")
+    listener = FetchListener(lambda: None, keys, QueueLists())
+    listener.watched = {"q": keys.fetch_marker("q"), "q\x06\x163": keys.fetch_marker("q")}
+    message = {"type": "message", "channel": b"__redis__:invalidate", "data": [b"q", b"celery-task-meta-1"]}
+    assert listener._written(message) == {"q"}
+    assert listener._written({**message, "data": None}) == {"q", "q\x06\x163"}
+    assert listener._written({"type": "subscribe", "channel": b"__redis__:invalidate", "data": 1}) == set()
+    registered = {"type": "message", "channel": keys.fetch_queues.encode(), "data": b"new"}
+    assert listener._registered(registered) and listener._written(registered) == set()
+
+
+def test_an_empty_fetch_clears_its_markers_registers_its_queues_and_waits_on_them_only_when_heard(any_redis, unique):
+    keys, q, r = Keys(f"e{unique}"), f"q{unique}", f"r{unique}"
+    lists = [q, r, f"{q}\x06\x163", f"{r}\x06\x163"]
+    any_redis.zadd(keys.fetch_marker(q), {"m": 0})                     # stale: written for a message taken since
+    try:
+        pubsub = any_redis.pubsub()
+        pubsub.subscribe(keys.fetch_queues)
+        assert pubsub.get_message(timeout=1)["type"] == "subscribe"
+        assert fetch(any_redis, keys, lists, now=1000.0, queues=(q, r)) is None   # no listener hears them
+        assert not any_redis.exists(keys.fetch_marker(q))
+        assert any_redis.zrange(keys.fetch_queues, 0, -1, withscores=True) == [(q.encode(), 1e6), (r.encode(), 1e6)]
+        assert pubsub.get_message(timeout=1)["data"] == b"new"           # the listener hears of them at once
+        any_redis.sadd(keys.fetch_listening, q)
+        assert fetch(any_redis, keys, lists, now=2000.0, queues=(q, r)) is None   # one of its queues is not heard
+        assert pubsub.get_message(timeout=0.2) is None                    # known already: no news
+        any_redis.sadd(keys.fetch_listening, r)
+        assert fetch(any_redis, keys, lists, now=3000.0, queues=(q, r)) == 0      # both heard: block on the markers
+        assert any_redis.zscore(keys.fetch_queues, q) == 2e6               # registered again only when asked:
+        assert fetch(any_redis, keys, lists, now=4000.0, queues=(q, r), register=True) == 0
+        assert any_redis.zscore(keys.fetch_queues, q) == 4e6
+        assert fetch(any_redis, keys, lists) is None                      # no markers (dlq_fetch_listener off)
+        pubsub.close()
+    finally:
+        any_redis.delete(keys.fetch_queues, keys.fetch_listening)
+
+
+def test_a_fetch_that_takes_a_message_leaves_the_markers_alone(any_redis, unique):
+    keys, q = Keys(f"t{unique}"), f"q{unique}"
+    any_redis.lpush(q, json.dumps(celery_message(tag=f"t-{unique}")))
+    any_redis.lpush(q, json.dumps(celery_message(tag=f"u-{unique}")))
+    any_redis.zadd(keys.fetch_marker(q), {"m": 0})
+    try:
+        assert fetch(any_redis, keys, [q], queues=(q,))[2] == b"ok"
+        assert any_redis.zcard(keys.fetch_marker(q)) == 1                 # another message is left
+    finally:
+        any_redis.delete(q, keys.fetch_marker(q), "unacked", "unacked_index", keys.fetched("c1"))
+
+
+@pytest.mark.parametrize("names, expected", [
+    (["celery", "celery.second", "b", "a"], ["a", "b", "celery"]),
+    (["ab", "a", "abc"], ["a"]),
+    (["x"], ["x"]),
+    ([], []),
+])
+def test_tracked_prefixes_never_overlap(names, expected):
+    assert prefixes(names) == expected
+
+
+def test_tracking_is_on_only_in_broadcast_mode_to_our_redirect():
+    info = [b"flags", [b"on", b"bcast", b"noloop"], b"redirect", 7, b"prefixes", [b"q"]]
+    assert tracking_on(info, 7)
+    assert not tracking_on(info, 8)
+    assert not tracking_on([b"flags", [b"off"], b"redirect", -1, b"prefixes", []], 7)
+    assert not tracking_on([b"flags", [b"on", b"bcast", b"broken_redirect"], b"redirect", 7], 7)
+
+
+def test_every_push_is_marked_at_once_and_the_pop_a_marking_wakes_is_looked_at_when_its_window_ends():
+    c = Coalescer(0.05)
+    assert c.heard({"q"}, 1.000) == {"q"}                   # a push: marked at once
+    assert c.heard({"q"}, 1.002) == set()                   # the woken worker's pop: looked at later
+    assert c.next_at(9.0) == pytest.approx(1.050)
+    assert c.heard({"q", "r"}, 1.005) == {"q", "r"}         # another push to q, and one to r: at once
+    assert c.heard({"q"}, 1.007) == set()                   # its pop
+    assert c.due(1.049) == set() and c.due(1.050) == {"q"}  # one look for both pops
+    assert c.next_at(9.0) == 9.0
+    assert c.heard({"q"}, 1.200) == {"q"}                   # after the window: whatever it is, at once
+    assert c.heard({"q"}, 1.300) == {"q"}                   # a pop after the window is marked too (a
+    assert c.due(2.0) == set()                              # slow worker: at worst one empty fetch)
