@@ -16,6 +16,7 @@ import logging
 from typing import Any, Mapping
 
 from celery import states
+from redis.exceptions import RedisError
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ChordMemberDeadLettered
@@ -47,8 +48,13 @@ class ChordMembers:
         chord member (Celery walks the chain to report it).
         """
         before = take_chord(request)
-        if before is not None:
+        if before is None:
+            return
+        try:
             self.ledger.dying(request.id, chord_fields(before)["group"])
+        except RedisError:  # the task's own failure must stay what is raised; the dead letter's hold marks it
+            logger.warning("celery-dlq: could not mark %s[%s] dying in its chord's waiting set", request.get("task"),
+                           request.id, exc_info=True)
 
     def dead_lettered(self, request: Any, *, headers: Mapping[str, Any], dlq: str | None, delivery: int,
                       failure: Mapping[str, str], policy: RedeliveryPolicy) -> str | None:
@@ -86,10 +92,15 @@ class ChordMembers:
         """In the child, before Celery records a replayed member's success: settled chords hear nothing more."""
         if not getattr(request, "chord", None) or not request.get(H.REPLAY_COUNT):
             return
-        state = self.ledger.state(request.id)
+        try:
+            state = self.ledger.state(request.id)
+        except RedisError:  # a success stays a success: the chord is told, and Celery >= 5.7 drops a duplicate
+            logger.warning("celery-dlq: could not read the chord ledger for %s[%s]; telling its chord",
+                           request.get("task"), request.id, exc_info=True)
+            return
         if state not in (None, WAITING):
             logger.info("celery-dlq: %s[%s] succeeded after its chord %s was settled (%s): the chord is "
-                        "not told again", request.task, request.id, request.group, state)
+                        "not told again", request.get("task"), request.id, request.group, state)
             request.chord = None
 
     def after_success(self, request: Any) -> None:
@@ -100,12 +111,18 @@ class ChordMembers:
         others still wait, keeps the chord's result keys from expiring.
         """
         group = getattr(request, "group", None)
-        if not group or not self.ledger.waiting(group):
+        if not group:
             return
-        for unlock in self.ledger.release(group, request.id):
-            resume_unlock(self.app, unlock)   # a polling backend joins the chord now
-        if self.ledger.waiting(group):
-            keep_chord_keys(self.app.backend, group)
+        try:
+            if not self.ledger.waiting(group):
+                return
+            for unlock in self.ledger.release(group, request.id):
+                resume_unlock(self.app, unlock)   # a polling backend joins the chord now
+            if self.ledger.waiting(group):
+                keep_chord_keys(self.app.backend, group)
+        except RedisError:  # the success is stored; the letter stays waiting, settled by a later copy or a purge
+            logger.warning("celery-dlq: could not settle the chord ledger after %s[%s] succeeded", request.get("task"),
+                           request.id, exc_info=True)
 
     def park_unlock(self, request: Any, args: tuple, kwargs: dict) -> bool:
         """In ``celery.chord_unlock``: park the call while a member of its chord waits in a DLQ.

@@ -306,8 +306,8 @@ def test_a_chord_in_a_chain_goes_on_after_the_replay(chords):
     h.worker()
     sig = h.app.signature
     res = chain(sig("proj.noop", args=(1,)),
-                chord([sig("proj.noop", args=(2,), immutable=True), sig("proj.fixed_by_flag", args=(99,), immutable=True)],
-                      sig("proj.tsum")),
+                chord([sig("proj.noop", args=(2,), immutable=True),
+                       sig("proj.fixed_by_flag", args=(99,), immutable=True)], sig("proj.tsum")),
                 sig("proj.noop")).apply_async()
     result = h.app.AsyncResult(res.id)
     h.wait_until(lambda: len(h.dead_letters()) == 1, message="the chord member dead-lettered")
@@ -342,8 +342,8 @@ def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
     assert res.get(timeout=30) == [1, 1]
 
 
-@pytest.mark.skipif(celery.VERSION < (5, 7), reason="the copy's second part return is dropped by Celery 5.7's "
-                                                     "done marker; older Celery runs the body twice (docs/workflows.md)")
+@pytest.mark.skipif(celery.VERSION < (5, 7), reason="the copy's second part return is dropped by Celery "
+                                                     "5.7's done marker; older Celery runs the body twice")
 def test_a_worker_killed_after_the_replayed_members_success_runs_the_body_once(chords):
     """SIGKILL of the whole worker after the member's success is stored and its chord told, before the ack:
     the restored copy runs again on the next worker; the chord publishes its body once.

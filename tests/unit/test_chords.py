@@ -146,3 +146,29 @@ def test_membership_of_a_chord_member_and_of_a_chain_step():
     assert chain == {"chain": {"remaining": 2, "next": "proj.record"}}
     assert summary(chain) == "chain: next proj.record (2 step(s) left)"
     assert membership({}, None) is None and summary(None) == ""
+
+
+class _Down:
+    """A Redis client whose every command fails as a lost connection does."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            from redis.exceptions import ConnectionError
+            raise ConnectionError("redis is down")
+        return fail
+
+
+def test_redis_down_never_turns_a_members_outcome_into_another():
+    from celery import Celery
+    from celery.app.task import Context
+
+    from celery_dlq.worker.chords import ChordMembers
+
+    members = ChordMembers(Celery("t", set_as_current=False), _Down(), Keys("down"))
+    failing = Context({"id": "t1", "group": "g1", "chord": {"task": "proj.tsum"}})
+    members.withhold(failing)                   # the task's own exception is what the child raises
+    assert failing.chord is None                # and Celery still does not tell the chord
+    replayed = Context({"id": "t1", "group": "g1", "chord": {"task": "proj.tsum"}, H.REPLAY_COUNT: 1})
+    members.before_success(replayed)            # a success stays a success: the chord is told
+    assert replayed.chord == {"task": "proj.tsum"}
+    members.after_success(replayed)
