@@ -51,3 +51,14 @@ class MessageExpired(DLQError):
 
 class InvalidMessage(DLQError):
     """A queue held something that cannot become a task message (the transport dead-letters it raw)."""
+
+
+class ChordMemberDeadLettered(DLQError):
+    """A chord member was dead-lettered under the chord rule ``fail``: the chord's ``ChordError`` wraps this.
+
+    Its message names the member, the DLQ and the letter (docs/workflows.md).
+    """
+
+
+class ChordMemberPurged(ChordMemberDeadLettered):
+    """A waiting chord's dead-lettered member was purged (or dropped by retention): the chord fails with this."""

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Mapping
+
+from celery_dlq.headers import truncate
 
 #: Only this much of an exception message is normalised and kept as the group's title.
 TITLE_CHARS = 300
@@ -41,6 +44,11 @@ def normalise(message: str | None) -> str:
     for pattern, placeholder in _RULES:
         text = pattern.sub(placeholder, text)
     return _SPACE.sub(" ", text).strip()[:TITLE_CHARS]
+
+
+def failure_group(task: str | None, failure: Mapping[str, str]) -> str:
+    """The group of ``task``'s dead letter for ``failure``: its ``x-dlq-group`` header, as the dead-letterer writes it."""
+    return group_id(task, failure.get("type", ""), truncate(failure.get("message", "")))
 
 
 def group_id(task: str | None, exception_type: str | None, message: str | None) -> str:

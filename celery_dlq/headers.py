@@ -32,6 +32,8 @@ PAYLOAD_HASH = "x-dlq-payload-hash"              # message.payload_hash of the l
 # Replays (operator tools):
 REPLAYED_AT = "x-dlq-replayed-at"
 REPLAY_COUNT = "x-dlq-replay-count"
+# Workflows (set by the caller, per call):
+CHORD_RULE = "x-dlq-chord-rule"                  # wait | fail | continue: this chord member's rule (workflow.py)
 
 #: Stored exception text is cut to this many characters, as Sidekiq does.
 MAX_TEXT = 10 * 1024

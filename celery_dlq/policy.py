@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from kombu.utils.imports import symbol_by_name
 
 from celery_dlq.errors import ConfigurationError
+from celery_dlq.workflow import CHORD_RULES, CHORD_WAIT
 
 UNLIMITED = -1
 #: ``expired``: what becomes of a message whose ``expires`` passes before its next delivery.
@@ -97,6 +98,12 @@ def _expired(name: str, value: Any) -> str:
     return value
 
 
+def _chord_rule(name: str, value: Any) -> str:
+    if value not in CHORD_RULES:
+        raise _fail(name, value, " or ".join(repr(rule) for rule in CHORD_RULES))
+    return value
+
+
 def _string(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise _fail(name, value, "a string")
@@ -162,6 +169,9 @@ class RedeliveryPolicy:
     dead_letter_ttl: float | None = None
     dead_letter_max_length: int | None = None
     expired: str = EXPIRED_DEAD_LETTER  # "drop": an expired message is counted and logged, not kept
+    #: A dead-lettered chord member's chord: "wait" for its replay, "fail" now, "continue" without it
+    #: (celery_dlq.workflow, docs/workflows.md); a message's ``x-dlq-chord-rule`` header overrides it.
+    chord_rule: str = CHORD_WAIT
     explicit_fields: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,6 +241,7 @@ VALIDATORS = {
     "dead_letter_ttl": _optional_seconds,
     "dead_letter_max_length": _optional_length,
     "expired": _expired,
+    "chord_rule": _chord_rule,
 }
 FIELD_NAMES = frozenset(VALIDATORS)
 assert FIELD_NAMES == {f.name for f in fields(RedeliveryPolicy) if f.init}

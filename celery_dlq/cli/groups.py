@@ -40,20 +40,22 @@ def groups(ctx: click.Context, queue: str | None, as_json: bool) -> None:
     report = operator(ctx).groups(queue)
     ungrouped = report.ungrouped
     if as_json:
-        rows = [g.as_dict() for g in (next(iter(report.per_dlq.values())) if queue else report.merged())]
+        rows = ([dict(g.as_dict(), chords_waiting=report.chords_waiting.get(g.group_id, 0))
+                 for g in next(iter(report.per_dlq.values()))] if queue else [g.as_dict() for g in report.merged()])
         rows += [{"group": None, "dlqs": {name: n}, "count": n} for name, n in sorted(ungrouped.items())]
         return echo_json(rows)
     merged = report.merged()
     total = sum(report.depths.values())
     several = len(report.depths) > 1   # name the DLQs only when there is a choice
+    chords = any(g.chords_waiting for g in merged)   # a column only when some chord waits for a letter
     columns = ["group", "task", "exception", "count", *(["DLQs"] if several else []), "first", "last", "reasons",
-               "last 24 h"]
+               "last 24 h", *(["chords waiting"] if chords else [])]
     print_table(f"{n_of(total, 'dead letter')} in {n_of(len(merged), 'failure group')}"
                 + (f" ({', '.join(report.depths)})" if not several else ""), columns,
                 ((g.group_id, g.task or "?", cut(f"{g.exception_type}: {g.title}", 50), g.count,
                   *([", ".join(f"{name} {n}" for name, n in sorted(g.dlqs.items()))] if several else []),
                   at(g.first), at(g.last), ", ".join(f"{r} {n}" for r, n in g.reasons.items()),
-                  sparkline(g.arrivals)) for g in merged),
+                  sparkline(g.arrivals), *([g.chords_waiting] if chords else [])) for g in merged),
                 keep={"group", "count", "first", "last", "last 24 h"})
     for name, n in sorted(ungrouped.items()):
         click.echo(f"{name}: {n_of(n, 'dead letter')} in no group (written without a group id: raw elements "

@@ -15,7 +15,8 @@ from celery.bin.base import CeleryCommand
 from celery_dlq import headers as H
 from celery_dlq.cli.base import EXIT_FAILED, Failure, confirm, dlq, operator
 from celery_dlq.cli.options import filter_options, json_option, make_filter
-from celery_dlq.cli.output import at, console, cut, echo_json, echo_outcome, n_of, print_table, progress
+from celery_dlq.cli.output import (at, console, cut, echo_json, echo_outcome, n_of, print_table, progress,
+                                   workflow_line)
 from celery_dlq.cli.plan import refuse_with_plan, replay_plan
 from celery_dlq.ops.letters import DeadLetter, Filter, TaskIds
 from celery_dlq.ops.queue import DeadLetterQueue, Outcome
@@ -81,17 +82,18 @@ def show(ctx: click.Context, task_id: str, queue: str | None, as_json: bool) -> 
     if not found:
         raise Failure(f"nothing matched: no dead letter with task id {task_id!r} in {', '.join(names) or 'any DLQ'}")
     if as_json:
-        return echo_json(letter.as_dict() for letter in found)
+        return echo_json(op.details(letter) for letter in found)
     for letter in found:
-        _print_letter(letter)
+        _print_letter(letter, op.details(letter))
 
 
-def _print_letter(letter: DeadLetter) -> None:
-    d = letter.as_dict()
+def _print_letter(letter: DeadLetter, d: dict) -> None:
     rows = [(name, cut(d[name], 300)) for name in (
         "task_id", "original_queue", "reason", "delivery_count", "exception_type", "exception_message",
         "worker", "replay_count", "priority", "content_type", "size")]
     rows.append(("dead_lettered_at", at(d["dead_lettered_at"])))
+    if d.get("workflow"):
+        rows.append(("workflow", workflow_line(d["workflow"])))
     if d["decoded"]:
         rows += [("args", cut(repr(d["args"]), 500)), ("kwargs", cut(repr(d["kwargs"]), 500))]
     else:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Iterator
 import click
 
 from celery_dlq.ops.queue import Outcome
+from celery_dlq.workflow import summary as workflow_summary
 
 def echo_json(rows: Iterable[dict]) -> None:
     """A JSON array, one element at a time: a 10,000-message DLQ is never held whole."""
@@ -23,6 +24,11 @@ def echo_json(rows: Iterable[dict]) -> None:
 
 def at(ts: float | None) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def workflow_line(info: dict | None) -> str:
+    """The chord/chain a letter belongs to, in one line (``celery dlq show``)."""
+    return workflow_summary(info)
 
 
 def cut(text: Any, n: int = 60) -> str:

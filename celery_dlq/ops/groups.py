@@ -36,13 +36,16 @@ class FailureGroup:
     sample_task_id: str
     sample_message: str
     sample_dlq: str
+    #: Chords held open by the group's letters (members waiting for their replay, rule wait).
+    chords_waiting: int = 0
 
     def as_dict(self) -> dict:
         return {"group": self.group_id, "count": self.count, "dlqs": dict(self.dlqs),
                 "first_dead_lettered_at": self.first, "last_dead_lettered_at": self.last,
                 "reasons": dict(self.reasons), "task_name": self.task, "exception_type": self.exception_type,
                 "title": self.title, "sample_task_id": self.sample_task_id, "sample_dlq": self.sample_dlq,
-                "sample_message": self.sample_message, "arrivals_per_hour": list(self.arrivals)}
+                "sample_message": self.sample_message, "arrivals_per_hour": list(self.arrivals),
+                "chords_waiting": self.chords_waiting}
 
 
 @dataclass
@@ -51,6 +54,8 @@ class GroupReport:
 
     per_dlq: dict[str, list[GroupStats]] = field(default_factory=dict)
     depths: dict[str, int] = field(default_factory=dict)
+    #: Failure group id -> chords its waiting letters hold open (docs/workflows.md).
+    chords_waiting: dict[str, int] = field(default_factory=dict)
 
     @property
     def ungrouped(self) -> dict[str, int]:
@@ -65,11 +70,11 @@ class GroupReport:
         for rows in self.per_dlq.values():
             for row in rows:
                 by_gid.setdefault(row.group_id, []).append(row)
-        out = [_merge(gid, rows) for gid, rows in by_gid.items()]
+        out = [_merge(gid, rows, self.chords_waiting.get(gid, 0)) for gid, rows in by_gid.items()]
         return sorted(out, key=lambda g: (-g.count, g.task, g.group_id))
 
 
-def _merge(gid: str, rows: list[GroupStats]) -> FailureGroup:
+def _merge(gid: str, rows: list[GroupStats], chords_waiting: int = 0) -> FailureGroup:
     latest = max(rows, key=lambda r: r.last or 0.0)
     reasons: Counter = Counter()
     for row in rows:
@@ -80,7 +85,7 @@ def _merge(gid: str, rows: list[GroupStats]) -> FailureGroup:
     return FailureGroup(gid, sum(r.count for r in rows), {r.dlq: r.count for r in rows},
                         min(firsts) if firsts else None, max(lasts) if lasts else None, dict(sorted(reasons.items())),
                         arrivals, latest.task, latest.exception_type, latest.title, latest.sample_task_id,
-                        latest.sample_message, latest.dlq)
+                        latest.sample_message, latest.dlq, chords_waiting)
 
 
 def read_groups(op: Operator, names: list[str]) -> GroupReport:
@@ -93,4 +98,5 @@ def read_groups(op: Operator, names: list[str]) -> GroupReport:
             pipe.llen(key)
     lengths = iter(pipe.execute())
     report.depths = {name: sum(next(lengths) for _ in op.list_keys(name)) for name in names}
+    report.chords_waiting = op.chords.held_open(names)
     return report

@@ -20,6 +20,7 @@ from kombu.utils.uuid import uuid
 from celery_dlq import headers as H
 from celery_dlq.matching import Pattern
 from celery_dlq.message import RawMessage, TaskIdentity, decode_raw, task_arguments
+from celery_dlq.workflow import membership
 
 T = TypeVar("T")
 
@@ -105,13 +106,24 @@ class DeadLetter(TaskIdentity):
         A content type outside ``accept`` (pickle, by default) is never handed
         to a deserializer: listing a DLQ must not run code an attacker queued.
         """
+        body = self._task_body
+        return None if body is None else task_arguments(body)
+
+    @cached
+    def _task_body(self) -> Any:
+        """The decoded body when ``accept_content`` allows its content type; None otherwise or undecodable."""
         if self.content_type not in self.accept:
             return None
         try:
-            return task_arguments(loads(self.body, self.content_type, self.decoded.content_encoding,
-                                        accept=self.accept))
+            return loads(self.body, self.content_type, self.decoded.content_encoding, accept=self.accept)
         except Exception:  # undecodable or not a task body: shown raw
             return None
+
+    def workflow(self) -> dict | None:
+        """The chord and/or chain it belongs to (:func:`celery_dlq.workflow.membership`); None when none."""
+        body = self._task_body
+        embed = body[2] if isinstance(body, (list, tuple)) and len(body) > 2 else None
+        return membership(self.headers, embed)
 
     def as_dict(self) -> dict:
         arguments = self.arguments()
@@ -125,7 +137,7 @@ class DeadLetter(TaskIdentity):
             "decoded": arguments is not None, "args": arguments[0] if arguments else None,
             "kwargs": arguments[1] if arguments else None,
             "body": None if arguments else base64.b64encode(self.body).decode("ascii"),
-            "headers": H.dlq_headers(self.headers),
+            "headers": H.dlq_headers(self.headers), "workflow": self.workflow(),
         }
 
     def target(self, to: str | None) -> tuple[str, str, str] | None:

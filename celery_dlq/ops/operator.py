@@ -25,6 +25,7 @@ from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis import trends
+from celery_dlq.redis.chords import ChordLedger
 from celery_dlq.redis.client import broker_client, connect
 from celery_dlq.redis.keys import QueueLists
 from celery_dlq.redis.scripts import Scripts
@@ -66,6 +67,8 @@ class Operator:
         self.keys = self.store.home.keys
         self.archive = self.store.home.archive
         self.parked = ParkedRetries(self.store)
+        #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
+        self.chords = ChordLedger(self.client, self.keys)
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
 
     @property
@@ -217,6 +220,20 @@ class Operator:
             for start in range(0, len(keys), 1000):
                 pipe.delete(*keys[start:start + 1000])
         pipe.execute()
+
+    def details(self, letter: DeadLetter) -> dict:
+        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.
+
+        ``workflow["chord"]`` gains ``state`` (``waiting``: the chord waits for
+        this letter's replay; ``failed``, ``continued``: settled by its rule;
+        None: never held) and ``waiting`` (the chord's members in DLQs).
+        """
+        out = letter.as_dict()
+        chord = (out.get("workflow") or {}).get("chord")
+        if chord is not None and letter.task_id:
+            chord["state"] = self.chords.state(letter.task_id)
+            chord["waiting"] = self.chords.waiting(chord["group"]) if chord.get("group") else 0
+        return out
 
     def count(self, stat: str, n: int) -> None:
         if n:

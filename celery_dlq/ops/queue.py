@@ -27,6 +27,7 @@ from celery_dlq.errors import ForceRequired
 from celery_dlq.message import delivery_tags
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
 from celery_dlq.redis import groups, metrics
+from celery_dlq.redis.chords import fail_purged, require_backend
 from celery_dlq.redis.events import EventType
 from celery_dlq.redis.keys import Stat
 from celery_dlq.redis.lists import OldestFirst
@@ -261,7 +262,11 @@ class DeadLetterQueue:
         """Delete matching dead letters for good, in one pass; without ``force=True`` nothing is deleted."""
         if not force:
             raise ForceRequired(f"purging {self.name} deletes dead letters for good: pass force=True")
-        if where is None and limit is None and not self.op.archive.enabled:
+        waiting = self.op.chords.waiting_in(self.name)
+        if waiting:
+            require_backend(self.op.app, f"purging {self.name} fails the chords of {waiting} letter(s) "
+                                         "their chords wait for")
+        if where is None and limit is None and not self.op.archive.enabled and not waiting:
             # Nothing to archive: delete the lists whole. With the archive on,
             # each letter is read and removed (below) so its `purged` event is
             # written and a letter arriving meanwhile is never deleted unseen.
@@ -299,8 +304,11 @@ class DeadLetterQueue:
             results = self.op.scripts.run("remove_letters", keys.keys, args)
             removed = sum(results)
             # A quarantined raw element is no message: there is no event to write for it.
-            self.op.archive.purged([letter for letter, n in zip(letters, results) if n and letter.message],
-                                   dlq=self.name)
+            gone = [letter for letter, n in zip(letters, results) if n and letter.message]
+            self.op.archive.purged(gone, dlq=self.name)
+            # A chord waiting for one of them fails now, once (redis/chords.py).
+            fail_purged(self.op.chords, self.op.app,
+                        [(letter.task_id, letter.task_name) for letter in gone if letter.header("group")], dlq=self.name)
             out.matched += len(letters)
             out.done += removed
             out.missing += len(letters) - removed

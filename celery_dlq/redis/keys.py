@@ -206,6 +206,24 @@ class Keys:
         (home set only; ``redis/lease.py``)."""
         return self.base + ":mover"
 
+    def chord_member(self, task_id: str) -> str:
+        """HASH: a dead-lettered chord member's ledger entry (``state``: waiting, released, failed, continued;
+        ``rule``, ``dlq``, ``group``, ``context`` (JSON), ``at``); never expires while ``waiting`` (redis/chords.py)."""
+        return f"{self.base}:chord:member:{task_id}"
+
+    def chord_waiting(self, group_id: str) -> str:
+        """SET: task ids of one chord's members waiting in a DLQ (its keys are kept from expiring meanwhile)."""
+        return f"{self.base}:chord:group:{group_id}"
+
+    def chord_waiting_in(self, dlq: str) -> str:
+        """SET: task ids of waiting chord members dead-lettered to ``dlq`` (a purge fails their chords)."""
+        return f"{self.base}:chord:dlq:{dlq}"
+
+    def chord_unlock(self, group_id: str) -> str:
+        """STRING (JSON): Celery's ``celery.chord_unlock`` call for a chord that waits, parked instead of
+        polling every ``result_chord_retry_interval``; sent again when its last waiting member is settled."""
+        return f"{self.base}:chord:unlock:{group_id}"
+
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the delayed store, in the order the store scripts take them."""
         return (self.delayed, self.leases, self.payloads, self.queues, self.parked)

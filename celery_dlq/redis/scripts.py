@@ -35,6 +35,9 @@ SCRIPT_NAMES = (
     "trend",
     "heartbeat",
     "append_events",
+    "chord_hold",
+    "chord_settle",
+    "chord_park_unlock",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

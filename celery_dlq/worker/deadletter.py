@@ -31,7 +31,7 @@ from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
-from celery_dlq.fingerprint import group_id
+from celery_dlq.fingerprint import failure_group
 from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis import groups, metrics, trends
@@ -110,8 +110,7 @@ class DeadLetterer:
         letter_headers = H.dead_letter_headers(
             envelope.headers, delivery=delivery, queue=envelope.queue, exchange=envelope.exchange,
             routing_key=envelope.routing_key, failure=failure, reason=reason, worker=worker)
-        letter_headers[H.GROUP] = group_id(envelope.task_name, letter_headers[H.EXCEPTION_TYPE],
-                                           letter_headers[H.EXCEPTION_MESSAGE])
+        letter_headers[H.GROUP] = failure_group(envelope.task_name, failure)
         # Archiving its replay, purge or trim then needs no second parse of the body (redis/archive.py).
         letter_headers[H.PAYLOAD_HASH] = payload_hash(envelope.task_name, envelope.body, envelope.content_type,
                                                       envelope.content_encoding)

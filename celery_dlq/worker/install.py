@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.worker.chords import wrap_chord_unlock
 from celery_dlq.worker.runtime import Runtime, runtime_of
 from celery_dlq.worker.steps import bound_steps
 
@@ -22,6 +23,11 @@ def install(app: Any, validate: bool = True) -> Runtime:
         runtime.installed = True
         for step in bound_steps(runtime):
             app.steps["consumer"].add(step)
+        # chord_unlock parks while a chord waits for a dead-lettered member (worker/chords.py)
+        if app.finalized:
+            wrap_chord_unlock(app, runtime)
+        else:
+            app.on_after_finalize.connect(lambda sender, **_: wrap_chord_unlock(sender, runtime), weak=False)
     if validate:
         runtime.validate()
     return runtime

@@ -27,6 +27,7 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
                                                 was_revoked_or_cancelled)
 from celery_dlq.message import instance_of, was_redelivered
+from celery_dlq.redis.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
@@ -107,7 +108,11 @@ class RedeliveryRequest(Request):
             return None  # left unacknowledged; the write is retried
         if outcome == "parked":
             return self._dlq_finish_parked(exc, None)
-        return super().on_timeout(soft, timeout)
+        chord = self._dlq_withhold_chord()
+        try:
+            return super().on_timeout(soft, timeout)
+        finally:
+            self._dlq_tell_chord(failure, chord)
 
     def _announce_revoked(self, *args, **kwargs):
         """Celery discards a message whose ``expires`` passed; one that failed before is dead-lettered first.
@@ -205,9 +210,28 @@ class RedeliveryRequest(Request):
         else:
             reason = Reason.MAX_DELIVERY_ATTEMPTS
         retry = lambda: self._dlq_final(exc, exc_info, send_failed_event, return_ok)  # noqa: E731
-        if self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=False, retry=retry) is None:
+        failure = _failure(exc, exc_info.traceback)
+        if self._dlq_takeover(failure, reason, lost=False, retry=retry) is None:
             return None
+        self._dlq_tell_chord(failure, request_context(self))
         return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_withhold_chord(self) -> Any:
+        """The task context, its chord taken off: Celery's FAILURE of a lost worker must not tell the chord."""
+        return take_chord(request_context(self)) if self._dlq_letter is not None else None
+
+    def _dlq_tell_chord(self, failure, request: Any) -> None:
+        """A chord member's letter is stored: apply its chord rule (Celery's part return was withheld)."""
+        if request is None or self._dlq_letter is None:
+            return
+        ctx = self._dlq_context()
+        dlq, _, delivery = self._dlq_letter
+        try:
+            runtime_of(self.app).chords.dead_lettered(request, headers=ctx.envelope.headers, dlq=dlq,
+                                                      delivery=delivery, failure=failure, policy=ctx.policy)
+        except Exception:
+            logger.exception("celery-dlq: %s[%s] is dead-lettered, but its chord %s could not be told; "
+                             "replaying the letter completes it", self.name, self.id, request.get("group"))
 
     def _dlq_expired(self, exc, ctx: MessageContext) -> bool:
         """Whether the child gave up because the next delivery would come after the message's ``expires``.
@@ -225,13 +249,18 @@ class RedeliveryRequest(Request):
 
     def _dlq_lost(self, exc, reason, exc_info, send_failed_event, return_ok):
         retry = lambda: self._dlq_lost(exc, reason, exc_info, send_failed_event, return_ok)  # noqa: E731
-        outcome = self._dlq_takeover(_failure(exc, exc_info.traceback), reason, lost=True, retry=retry)
+        failure = _failure(exc, exc_info.traceback)
+        outcome = self._dlq_takeover(failure, reason, lost=True, retry=retry)
         self._dlq_handled = True
         if outcome is None:
             return None
         if outcome == "parked":
             return self._dlq_finish_parked(exc, exc_info.traceback)
-        return super().on_failure(exc_info, send_failed_event, return_ok)
+        chord = self._dlq_withhold_chord()
+        try:
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+        finally:
+            self._dlq_tell_chord(failure, chord)
 
     def _dlq_takeover(self, failure, reason, *, lost: bool, retry: Callable[[], Any]) -> str | None:
         """Park (a lost worker with deliveries left) or dead-letter; None if the write failed (``retry`` later)."""

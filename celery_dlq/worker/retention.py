@@ -26,6 +26,7 @@ from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.redis import groups, metrics
 from celery_dlq.redis.archive import EventLog
+from celery_dlq.redis.chords import ChordLedger, fail_purged
 from celery_dlq.redis.client import broker_client
 from celery_dlq.redis.keys import Keys, QueueLists, Stat
 from celery_dlq.redis.lists import oldest_pages
@@ -53,6 +54,7 @@ class Retention:
         self.redis_url, self.archive = redis_url, archive
         self.lists = QueueLists.of(app.conf.broker_transport_options)
         self._scripts: Scripts | None = None
+        self.chords = ChordLedger(client, keys)
 
     @property
     def broker(self) -> Any:
@@ -99,6 +101,7 @@ class Retention:
                     gone.setdefault(why, []).append(raw)
             for why, raws in gone.items():  # the archive keeps what retention deletes
                 self.archive.trimmed(raws, dlq=dlq, why=why)
+                self._fail_chords(dlq, raws, why)
         if trimmed:
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(self.keys.stats, Stat.TRIMMED, trimmed)
@@ -129,6 +132,13 @@ class Retention:
             if taken[key] == len(pages[key]) < lengths[key]:
                 break  # this sub-list's next message is not read yet: read again
         return victims
+
+    def _fail_chords(self, dlq: str, raws: list[bytes], why: str) -> None:
+        """A chord waiting for a trimmed letter fails now, as on a purge (redis/chords.py)."""
+        members = [(headers.get("id"), headers.get("task")) for headers in (decode_raw(raw).headers for raw in raws)
+                   if headers.get("group") and headers.get("id")]
+        if members:
+            fail_purged(self.chords, self.app, members, dlq=dlq, why=f"dropped by retention ({why})")
 
     def _log(self, dlq: str, raw: bytes, why: str) -> None:
         headers = decode_raw(raw).headers

@@ -44,6 +44,7 @@ from celery_dlq.redis.store import DelayedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.tasklevel import task_levels
+from celery_dlq.worker.chords import ChordMembers
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.fetch_moves import FetchMoves, MoveTally, fetch_moves
 from celery_dlq.worker.task_events import TaskEvents
@@ -166,6 +167,7 @@ class Runtime:
         self._counters = DeliveryCounters(self._client, self.shards, scripts, settings.delivery_count_ttl)
         self._deadletterer = DeadLetterer(self.app, self._client, self._sharded, audit_ttl=settings.audit_ttl,
                                           redis_url=settings.redis_url, events=self.events)
+        self._chords = ChordMembers(self.app, self._client, self.keys)
         self._broker: Any = None
         self._pid = os.getpid()
 
@@ -209,6 +211,12 @@ class Runtime:
     def deadletterer(self) -> DeadLetterer:
         self._ensure()
         return self._deadletterer
+
+    @property
+    def chords(self) -> ChordMembers:
+        """Dead-lettered chord members: their rule, their replay (docs/workflows.md)."""
+        self._ensure()
+        return self._chords
 
     # -- operations ---------------------------------------------------------
 

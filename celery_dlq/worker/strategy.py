@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from billiard.exceptions import WorkerLostError
 from celery import signals
@@ -38,6 +38,7 @@ from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
 from celery_dlq.internals.celery_worker import request_context
 from celery_dlq.message import instance_of, was_redelivered
+from celery_dlq.redis.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -131,30 +132,37 @@ def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, 
     text = f"delivery {count - 1} never reported an outcome (the worker was lost)"
     failure = {"type": "billiard.exceptions.WorkerLostError", "message": text, "traceback": ""}
     try:
-        runtime.dead_letter(ctx.envelope, delivery=count - 1, policy=ctx.policy,
-                            reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
+        dlq = runtime.dead_letter(ctx.envelope, delivery=count - 1, policy=ctx.policy,
+                                  reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
     except Exception:
         logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
                          headers.get("task"), headers.get("id"))
         return True
-    _mark_failed(task, message, hostname, WorkerLostError(text))
+    _mark_failed(task, message, hostname, WorkerLostError(text), tell_chord=lambda fields: runtime.chords.dead_lettered(
+        fields, headers=headers, dlq=dlq, delivery=count - 1, failure=failure, policy=ctx.policy))
     message.ack()
     runtime.counters.forget(headers["id"], tag)
     return True
 
 
-def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException) -> None:
+def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException,
+                 tell_chord: Callable[[dict], Any] | None = None) -> None:
     """Record FAILURE, with error callbacks and chords, as Celery does for a lost worker.
 
     Without it a message dead-lettered here, never run, stays PENDING in the
     result backend: ``result.get()`` and chords would wait forever. The dead
-    letter is stored already, so a backend error is logged, not raised.
+    letter is stored already, so a backend error is logged, not raised. With
+    ``tell_chord``, a chord member's chord hears of it by its chord rule
+    (worker/chords.py), not from Celery's FAILURE.
     """
     try:
         request_cls = symbol_by_name(task.Request)  # Celery allows a class or its dotted name
         request = request_cls(message, app=task.app, hostname=hostname, task=task)
-        task.backend.mark_as_failure(request.id, exc, request=request_context(request),
-                                     store_result=request.store_errors)
+        context = request_context(request)
+        told = take_chord(context) if tell_chord is not None else None
+        task.backend.mark_as_failure(request.id, exc, request=context, store_result=request.store_errors)
+        if told is not None:
+            tell_chord(told)
         signals.task_failure.send(sender=task, task_id=request.id, exception=exc, args=request.args,
                                   kwargs=request.kwargs, traceback=None, einfo=None)
     except Exception:

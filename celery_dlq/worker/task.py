@@ -14,7 +14,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlq import headers as H
@@ -114,18 +114,31 @@ class RedeliveryTask(Task):
         if request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
         try:
-            return self.run(*args, **kwargs)
-        except (Retry, Ignore, Reject, MessageExpired):
-            raise  # the task's own say (retry, replace(), reject, a retry past expiry): never a failed delivery
+            retval = self.run(*args, **kwargs)
+        except (Retry, Ignore, Reject):
+            raise  # the task's own say (retry, replace(), reject): never a failed delivery
+        except MessageExpired:
+            runtime_of(self.app).chords.withhold(request)  # a retry past expiry: the last failure, dead-lettered
+            raise
         except Exception as exc:
-            if exc is getattr(self.request, EXPIRED_RETRY, None):
-                raise  # self.retry(exc=exc) past the message's expiry: the last failure
-            delay = self._redelivery_delay(exc)
+            delay = None if exc is getattr(request, EXPIRED_RETRY, None) else self._redelivery_delay(exc)
             if delay is None:
+                # The last failure: the worker dead-letters the message, then tells a chord (worker/chords.py).
+                runtime_of(self.app).chords.withhold(request)
                 raise
             # No traceback: a parked copy keeps "Type: message" only, and the
             # pool would pickle a formatted traceback across for nothing.
             raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc, "")) from exc
+        if request.chord:
+            runtime_of(self.app).chords.before_success(request)
+        return retval
+
+    def after_return(self, status, retval, task_id, args, kwargs, einfo):
+        """After a chord member's success was recorded: settle its replay, keep a waiting chord's keys."""
+        request = self.request
+        if status == states.SUCCESS and request.chord \
+                and not (request.called_directly or request.is_eager):
+            runtime_of(self.app).chords.after_success(request)
 
     def _policy_and_delivery(self):
         request = self.request

@@ -282,3 +282,29 @@ def retry_unencodable_args(self):
     """Retries with an argument JSON cannot encode (Celery's own retry() would fail to publish it)."""
     record(self)
     raise self.retry(args=(object(),), countdown=0.1)
+
+
+# -- chords (tests/integration/test_chords.py) --------------------------------
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.tsum")
+def tsum(self, values):
+    """A chord body: each run's argument is logged in ``<prefix>:body`` (the tests count the runs)."""
+    client().rpush(f"{PREFIX}:body", json.dumps({"values": values, "delivery": delivery_count(self.request),
+                                                  "id": self.request.id}))
+    return sum(v for v in values if isinstance(v, int))
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.chord_failed")
+def chord_failed(self, task_id):
+    """A chord body's errback (old style: the failed task's id): each run logged in ``<prefix>:errbacks``."""
+    client().rpush(f"{PREFIX}:errbacks", json.dumps({"task_id": task_id}))
+
+
+if os.environ.get("DLQ_TEST_KILL_AFTER_SUCCESS"):   # tests/integration/test_chords.py
+    @signals.task_success.connect
+    def _kill_after_success(sender=None, **kwargs):
+        """The whole worker dies right after a task's success is stored (its chord told), before its ack."""
+        task_id = getattr(getattr(sender, "request", None), "id", None)
+        if task_id and client().delete(f"{PREFIX}:kill_after_success:{task_id}"):
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
