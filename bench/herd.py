@@ -301,7 +301,7 @@ def report(results: list[dict]) -> None:
         trickle = {name: median([x[0] for x in v]) for name, v in r["trickle"].items()}
         load = {name: median([x[0] for x in v]) for name, v in r["load"].items()}
         rows.append([r["n"], spread(r["idle"]["celery"]), spread(r["idle"]["dlq"]),
-                     f"{idle['dlq'] / idle['celery']:.2f}x",
+                     f"{idle['dlq'] / idle['celery']:.2f}x" if idle["celery"] else "-",
                      spread([x[0] for x in r["trickle"]["celery"]], "{:.1f}"),
                      spread([x[0] for x in r["trickle"]["dlq"]], "{:.1f}"), f"{trickle['dlq'] / trickle['celery']:.2f}x",
                      spread([x[0] for x in r["load"]["celery"]], "{:.1f}"),
