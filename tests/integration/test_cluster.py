@@ -29,12 +29,6 @@ SHARDED_TASKS = 3000
 
 
 @pytest.fixture
-
-def store_keys_on_broker(harness, pattern: str) -> list[bytes]:
-    """Keys matching ``pattern`` on the broker but the fetch's own (its registry, listener set, markers)."""
-    fetch = (b":fetch:", b":marker:", b":fetchwake:")
-    return [key for key in harness.redis.keys(pattern) if not any(part in key for part in fetch)]
-
 def cluster():
     servers = RedisClusterServers().start()
     yield servers
@@ -129,3 +123,9 @@ def test_a_sharded_store_spreads_over_every_master_and_every_tool_reads_all_of_i
     kinds = Counter(table.column("event_type").to_pylist())
     assert kinds["parked"] == 2 * SHARDED_TASKS + len(waiting) and kinds["redelivered"] == 2 * SHARDED_TASKS
     assert len(set(table.column("event_id").to_pylist())) == table.num_rows == exported["rows"]
+
+
+def store_keys_on_broker(harness, pattern: str) -> list[bytes]:
+    """Keys matching ``pattern`` on the broker but the fetch's own (its registry, listener set, markers)."""
+    fetch = (b":fetch:", b":marker:", b":fetchwake:")
+    return [key for key in harness.redis.keys(pattern) if not any(part in key for part in fetch)]
