@@ -85,6 +85,10 @@ MARKER_WAIT = 20.0
 #: without a fetch while less than HEARD_FOR - MARKER_WAIT has passed (an idle channel fetches every second
 #: timeout, which keeps it believed).
 HEARD_FOR = 45.0
+#: For this long after a channel starts (a worker's start, a reconnect after a failover) its marker waits last
+#: at most ``dlq_fetch_wait``: a failover's new master holds the old master's listening set, and the listener
+#: needs a few seconds to track the new one.
+SETTLE = 30.0
 #: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
 REGISTER_EVERY = 300.0
 #: How long a channel's own wake token outlives its write (ms): written when the channel closes.
@@ -170,6 +174,7 @@ class Channel(kombu_redis.Channel):
         self._dlq_heard_at = -HEARD_FOR      # monotonic: when a fetch last found every queue heard
         self._dlq_registered_at = 0.0        # monotonic: when this channel last registered its queues
         self._dlq_logged_wait: str | None = None
+        self._dlq_started = time.monotonic()
         super().__init__(*args, **kwargs)
         self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
         self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
@@ -220,6 +225,8 @@ class Channel(kombu_redis.Channel):
         check = getattr(self, "health_check_interval", None)
         longest = MARKER_WAIT if not check else \
             max(1.0, min(MARKER_WAIT, float(getattr(self, "brpop_timeout", 1) or 1) + float(check) - 1.0))
+        if time.monotonic() - self._dlq_started < SETTLE:
+            longest = min(longest, self._dlq_wait)
         return round(longest * random.uniform(0.5, 1.0), 3)
 
     def _dlq_log_wait(self, how: str) -> None:
