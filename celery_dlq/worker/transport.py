@@ -272,8 +272,10 @@ class Channel(kombu_redis.Channel):
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
-            # the next fetch moves due retries only after one that took something: never on an idle worker's
-            self._dlq_took = command == "EVALSHA" and bool(reply)
+            # a fetch moves due retries only while this worker is busy (its last fetch took a message, whether
+            # a wake came between or not): never an idle worker's
+            if command == "EVALSHA":
+                self._dlq_took = bool(reply)
             if command != "EVALSHA":   # woken, or the wait timed out (a safety net): fetch next
                 quiet = command == "BZPOPMIN" and reply is None
                 self._dlq_next = MARKERS if quiet and self._dlq_heard_for(HEARD_FOR - MARKER_WAIT) else FETCH
