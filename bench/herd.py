@@ -48,7 +48,7 @@ from celery_dlq.redis.scripts import script_source  # noqa: E402
 from celery_dlq.worker.fetch_listener import FetchListener  # noqa: E402
 from celery_dlq.worker.fetch_moves import FetchMoves  # noqa: E402
 from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402
-from celery_dlq.worker.transport import FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY  # noqa: E402
+from celery_dlq.worker.fetch_wait import FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY  # noqa: E402
 
 QUEUES = ("herd", "herd2")
 LISTS = QueueLists()

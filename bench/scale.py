@@ -193,6 +193,7 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
             if time.monotonic() > deadline:
                 raise RuntimeError("workers never all waited on Redis")
             time.sleep(0.5)
+        ready_at = time.monotonic()
         apps = {side: Celery("client", broker=sides[side][0].url, set_as_current=False) for side in sides}
         if at_rest_only:
             result["at_rest"] = at_rest_phase(sides["dlq"][0].url, clients["dlq"], apps["dlq"], "dlq", park,
@@ -206,7 +207,9 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
             while c.llen(f"b9{side}:pickup") < len(LISTS) and time.monotonic() < end:
                 time.sleep(0.05)
             c.delete(f"b9{side}:pickup")
-        time.sleep(5.0)   # start-up work (first fetches, lease, subscriptions) settles
+        # start-up work (first fetches, lease, the listener) settles; a channel's idle waits are short for its
+        # first 30 s (worker/fetch_wait.py SETTLE): idle is measured from 35 s after the workers waited
+        time.sleep(max(5.0, ready_at + 35.0 - time.monotonic()))
         idle_started = time.monotonic()
         for _ in range(rounds):
             before = {side: snapshot(c) for side, c in clients.items()}

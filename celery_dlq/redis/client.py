@@ -51,6 +51,12 @@ def worker_client(url: str, cluster: bool = False) -> Any:
     return open_client(url, cluster, health_check_interval=30)
 
 
+def blocking_client(url: str, wait: float, cluster: bool = False) -> Any:
+    """A worker's client for blocking waits of up to ``wait`` seconds (redis-py 8's socket timeout, 5 s by
+    default, would cut them short); a reply later than that by 5 s is a dead connection."""
+    return open_client(url, cluster, health_check_interval=30, socket_timeout=wait + 5)
+
+
 def broker_url(conf: Any) -> str:
     """The broker URL of an app's ``conf``, when it is Redis (or Sentinel); else :class:`BrokerNotSupported`."""
     url = conf.broker_write_url or conf.broker_url

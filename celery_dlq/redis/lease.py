@@ -28,8 +28,11 @@ VERIFY_EVERY = 4
 class MoverLease:
     """The lease of one store (its home key set) for the worker ``ident``, taken and renewed by its beats."""
 
-    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float) -> None:
+    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float,
+                 blocking: Any = None) -> None:
+        """``blocking``: the client of :meth:`wait_for_due` (one whose socket timeout outlasts the wait)."""
         self.client, self.keys, self.ident, self.lease, self.interval = client, keys, ident, lease, interval
+        self.blocking = blocking if blocking is not None else client
         self.held = False
         self._beats = 0
         self._scripts = Scripts(client)
@@ -60,7 +63,7 @@ class MoverLease:
 
     def wait_for_due(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds on the home set's wake marker (``park.lua`` writes it); True if woken."""
-        return self.client.bzpopmin(self.keys.due_wake, timeout=max(0.01, timeout)) is not None
+        return self.blocking.bzpopmin(self.keys.due_wake, timeout=max(0.01, timeout)) is not None
 
     def wake(self) -> None:
         """Write the wake marker (a stopping holder ends its own wait this way)."""

@@ -29,7 +29,7 @@ from celery_dlq import headers as H
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
-from celery_dlq.redis.client import broker_url, listener_client
+from celery_dlq.redis.client import blocking_client, broker_url, listener_client
 from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.lease import MoverLease
 from celery_dlq.redis.metrics import Metric
@@ -37,7 +37,7 @@ from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
-from celery_dlq.worker.mover_turns import MoverTurns
+from celery_dlq.worker.mover_turns import MAX_BLOCK, MoverTurns
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.transport_setup import uses_fetch
 
@@ -62,8 +62,10 @@ class MoverThread(threading.Thread):
         self._stop_event = threading.Event()
         self._turn = -1
         ident = f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}"
+        blocking = blocking_client(settings.redis_url, MAX_BLOCK, settings.redis_cluster) \
+            if len(runtime.sharded.all) == 1 else None   # with several shards the holder never blocks
         lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
-                           settings.heartbeat_interval)
+                           settings.heartbeat_interval, blocking)
         self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters)
         self.turns = MoverTurns(lease, self._stop_event, self.interval, self.heartbeat.holder)
         self.listener: FetchListener | None = None

@@ -30,9 +30,9 @@ MIN_GAP = 0.02
 #: The longest the holder trusts the earliest due time it read (seconds): entries parked without the wake
 #: marker (by a worker of an earlier release, during a rolling deploy) are moved this late at worst.
 REFRESH = 60.0
-#: The longest blocking wait on the marker (seconds): below redis-py's socket timeout (5 s by default in
-#: redis-py 8), which does not stretch for blocking commands.
-MAX_BLOCK = 4.5
+#: The longest blocking wait on the marker (seconds), on a client whose socket timeout outlasts it
+#: (``redis.client.blocking_client``): redis-py 8's default of 5 s does not stretch for blocking commands.
+MAX_BLOCK = 30.0
 #: How long a mover without the lease waits for it at a time (seconds), between looks at its stop.
 SLICE = 1.0
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import time
 import weakref
@@ -71,30 +70,13 @@ from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts, script_source
 from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.fetch_moves import FetchMoves
+from celery_dlq.worker.fetch_wait import (FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY,
+                                          TOKEN_TTL_MS, marker_wait, wait_text)
 from celery_dlq.worker.rejects import reject, release_quarantine
 from celery_dlq.worker.transport_setup import OPTION_LISTENER, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
 
 logger = logging.getLogger(__name__)
 
-#: The longest idle wait on the wake markers (seconds): only a safety net, the listener ends it. Kept below
-#: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
-#: Each wait is U(0.5, 1) of it, so workers that went idle together do not time out together.
-MARKER_WAIT = 20.0
-#: A fetch that found a listener hearing all of its queues is believed for this long (seconds): a fetch that
-#: empties its lists then waits on the markers without asking again, and a wait that timed out waits again
-#: without a fetch while less than HEARD_FOR - MARKER_WAIT has passed (an idle channel fetches every second
-#: timeout, which keeps it believed).
-HEARD_FOR = 45.0
-#: For this long after a channel starts (a worker's start, a reconnect after a failover) its marker waits last
-#: at most ``dlq_fetch_wait``: a failover's new master holds the old master's listening set, and the listener
-#: needs a few seconds to track the new one.
-SETTLE = 30.0
-#: Each channel registers its queues again this often (seconds), so the listener keeps hearing them.
-REGISTER_EVERY = 300.0
-#: How long a channel's own wake token outlives its write (ms): written when the channel closes.
-TOKEN_TTL_MS = 60_000
-#: What a channel does next: fetch, block on its markers, or wait on one list (no listener hears it).
-FETCH, MARKERS, FALLBACK = "fetch", "markers", "fallback"
 
 
 _live_channels: weakref.WeakSet = weakref.WeakSet()
@@ -221,26 +203,14 @@ class Channel(kombu_redis.Channel):
         return time.monotonic() - self._dlq_heard_at < seconds
 
     def _dlq_marker_wait(self) -> float:
-        """The idle wait on the markers, below kombu's health check of a blocked fetch where it has one."""
-        check = getattr(self, "health_check_interval", None)
-        longest = MARKER_WAIT if not check else \
-            max(1.0, min(MARKER_WAIT, float(getattr(self, "brpop_timeout", 1) or 1) + float(check) - 1.0))
-        if time.monotonic() - self._dlq_started < SETTLE:
-            longest = min(longest, self._dlq_wait)
-        return round(longest * random.uniform(0.5, 1.0), 3)
+        return marker_wait(getattr(self, "health_check_interval", None), getattr(self, "brpop_timeout", 1),
+                           time.monotonic() - self._dlq_started, self._dlq_wait)
 
     def _dlq_log_wait(self, how: str) -> None:
         """One INFO line per channel when how it waits idle changes."""
         if how != self._dlq_logged_wait:
             self._dlq_logged_wait = how
-            if how == MARKERS:
-                logger.info("celery-dlq: an idle fetch waits for the fetch listener, which wakes one worker per "
-                            "message on any list it watches")
-            else:
-                logger.info("celery-dlq: no fetch listener hears every queue of this worker (%s): an idle fetch "
-                            "blocks on its first list and looks at every list each %gs",
-                            "dlq_fetch_listener is off" if not self._dlq_listener else "not yet, or none runs",
-                            self._dlq_wait)
+            logger.info(wait_text(how, self._dlq_listener, self._dlq_wait))
 
     def _dlq_fetch_keys(self, queues: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
         """The lists of ``queues`` in kombu's BRPOP order, every key fetch.lua takes, and the queues' wake
