@@ -42,14 +42,6 @@ def redis_server():
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def notifying_redis_server():
-    """A second real redis-server that sends keyspace list events (``notify-keyspace-events Kl``)."""
-    server = RedisServer(None, "--notify-keyspace-events", "Kl").start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def redis_url(redis_server):
     return redis_server.url
