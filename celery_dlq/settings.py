@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_mover_lease": 10.0,        # one worker moves; another takes over at most this long after it dies
     "dlq_heartbeat_interval": None,  # every worker beats (takes a free mover lease) this often: lease/4, <= 2.5
     "dlq_mover_batch_size": 100,    # entries claimed per Redis round trip
+    "dlq_inflight_lease": 10.0,     # a worker that has not beaten this long is gone: its fetched messages go back
     "dlq_claim_lease": 30.0,        # a claimed entry becomes due again if not published by then
     "dlq_delivery_count_ttl": 7 * DAY,  # a delivery counter outlives the last delivery this long
     "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
@@ -107,6 +108,7 @@ class DLQSettings:
     heartbeat_interval: float
     mover_batch_size: int
     claim_lease: float
+    inflight_lease: float
     delivery_count_ttl: float
     audit_ttl: float
     events_max_length: int
@@ -140,6 +142,11 @@ class DLQSettings:
         if heartbeat * 3 > mover_lease:
             raise ConfigurationError(f"dlq_heartbeat_interval ({heartbeat:g}) must be at most a third of "
                                      f"dlq_mover_lease ({mover_lease:g}): the holder renews the lease at each beat")
+        inflight_lease = _positive("dlq_inflight_lease", get("dlq_inflight_lease"))
+        if heartbeat * 3 > inflight_lease:
+            raise ConfigurationError(f"dlq_heartbeat_interval ({heartbeat:g}) must be at most a third of "
+                                     f"dlq_inflight_lease ({inflight_lease:g}): a worker holding messages beats "
+                                     f"at each interval")
         return cls(
             store_url=_redis_url(conf),
             key_prefix=prefix,
@@ -149,6 +156,7 @@ class DLQSettings:
             heartbeat_interval=heartbeat,
             mover_batch_size=_count("dlq_mover_batch_size", get("dlq_mover_batch_size")),
             claim_lease=_positive("dlq_claim_lease", get("dlq_claim_lease")),
+            inflight_lease=inflight_lease,
             delivery_count_ttl=_positive("dlq_delivery_count_ttl", get("dlq_delivery_count_ttl")),
             audit_ttl=_positive("dlq_audit_ttl", get("dlq_audit_ttl")),
             events_max_length=_count_or_zero("dlq_events_max_length", get("dlq_events_max_length")),

@@ -169,9 +169,16 @@ class Keys:
         """LIST: raw elements popped from ``queue`` that were not kombu messages (fetch.lua), byte for byte."""
         return f"{self.base}:quarantine:{queue}"
 
-    def fetched(self, consumer: str) -> str:
-        """SET: delivery tags one consumer process fetched and has not acked (fetch.lua; recovered on reconnect)."""
-        return f"{self.base}:fetched:{consumer}"
+    def inflight(self, consumer: str) -> str:
+        """HASH, on the broker: delivery tag -> the list it came from and its element, for every message one
+        worker process fetched and has not settled (``fetch.lua``); given back when that process is gone
+        (``redis/inflight.py``)."""
+        return f"{self.base}:inflight:{consumer}"
+
+    @property
+    def consumers(self) -> str:
+        """ZSET, on the broker: consumer process -> its last heartbeat (ms) while it holds messages."""
+        return self.base + ":consumers"
 
     def fetch_wake(self, consumer: str) -> str:
         """ZSET, on the broker's Redis: written when one channel closes, to end its own idle wait at once."""

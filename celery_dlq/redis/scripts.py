@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "find_letter",
     "trend",
     "heartbeat",
+    "give_back",
     "append_events",
     "chord_hold",
     "chord_settle",

@@ -5,7 +5,8 @@ one command for a worker without the lease). The holder moves due entries
 (:mod:`celery_dlq.worker.mover_turns`) and runs the fetch listener; the
 beat tells both through ``on_role``. It runs in its own thread so that a
 mover pass or a blocked wait never delays a renewal, and between beats it
-flushes what the worker counted (``between``). A stopping worker releases
+flushes what the worker counted (``between``); after each beat, ``each``
+writes this process's in-flight beat and, on the holder, sweeps. A stopping worker releases
 the lease, so another takes over at its next beat.
 """
 from __future__ import annotations
@@ -23,9 +24,11 @@ class Heartbeat(threading.Thread):
     """Beats until stopped; ``holder`` is set while this worker holds the mover lease."""
 
     def __init__(self, lease: MoverLease, on_role: Callable[[bool], object] = lambda holds: None,
-                 between: Callable[[], object] = lambda: None) -> None:
+                 between: Callable[[], object] = lambda: None,
+                 each: Callable[[bool], object] = lambda holds: None) -> None:
+        """``each(holds)`` runs after every beat (the in-flight beat and sweep: ``worker/inflight.py``)."""
         super().__init__(name="celery-dlq-heartbeat", daemon=True)
-        self.lease, self.on_role, self.between = lease, on_role, between
+        self.lease, self.on_role, self.between, self.each = lease, on_role, between, each
         self.holder = threading.Event()
         self._stop_event = threading.Event()
 
@@ -48,7 +51,7 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.beat()
+            self.each(self.beat())
             self._stop_event.wait(self.lease.interval)
             self.between()
         try:

@@ -30,6 +30,7 @@ from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
 from celery_dlq.redis.client import blocking_client, broker_url, listener_client
+from celery_dlq.redis.inflight import InFlight
 from celery_dlq.redis.keys import Keys, Stat
 from celery_dlq.redis.lease import MoverLease
 from celery_dlq.redis.metrics import Metric
@@ -37,6 +38,7 @@ from celery_dlq.redis.shards import Shard
 from celery_dlq.redis.store import DirectPayload
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
+from celery_dlq.worker.inflight import Beats
 from celery_dlq.worker.mover_turns import MAX_BLOCK, MoverTurns
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.transport_setup import uses_fetch
@@ -66,7 +68,10 @@ class MoverThread(threading.Thread):
             if len(runtime.sharded.all) == 1 else None   # with several shards the holder never blocks
         lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
                            settings.heartbeat_interval, blocking)
-        self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters)
+        self.beats = Beats(InFlight(runtime.broker, Keys(settings.key_prefix, runtime.lists.global_keyprefix)),
+                           settings.inflight_lease) if uses_fetch(app) else None
+        self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters,
+                                   each=self.beats.tick if self.beats is not None else lambda holds: None)
         self.turns = MoverTurns(lease, self._stop_event, self.interval, self.heartbeat.holder)
         self.listener: FetchListener | None = None
 

@@ -5,14 +5,20 @@ unacknowledged in a second round trip, and builds its ``Message`` before any
 Celery or celery-dlq code can catch an error. So a message popped but not yet
 recorded is lost when the worker dies or Redis restarts in between, and a
 list element that is not a kombu message kills the worker. This transport
-changes the fetch only (publishing, acks, the visibility-timeout restore and
-everything else are kombu's):
+changes the fetch only (publishing and everything else are kombu's):
 
 * **Fetch in one step** (``redis/lua/fetch.lua``): pop the next element of
   the worker's queues in kombu's priority order and, in the same script,
-  record it in kombu's ``unacked`` hash and index and in this consumer's
-  ``fetched`` set. An element that is not a kombu envelope goes to its
-  queue's quarantine list in that step. Nothing popped is ever only in memory.
+  record it as this process's, in flight (:mod:`celery_dlq.redis.inflight`).
+  An element that is not a kombu envelope goes to its queue's quarantine
+  list in that step. Nothing popped is ever only in memory.
+* **Leases, not a visibility timeout.** A process's in-flight messages are
+  its own while it beats (:mod:`celery_dlq.worker.inflight`); when it has
+  been silent for ``dlq_inflight_lease`` they go back to their lists, marked
+  so that the next fetch counts the delivery. kombu's ``unacked`` hash and
+  its visibility-timeout restore never see them, so a long task never runs
+  twice; acknowledging removes the tag from this process's own hash only,
+  so a worker that comes back late settles nothing of another's.
 * **Validate before kombu sees it** (:func:`celery_dlq.message.envelope_error`):
   what cannot become a task message (not JSON, not an object, no properties,
   a body that is not valid base64, headers that are not an object, a
@@ -36,11 +42,11 @@ everything else are kombu's):
   script first moves due parked retries bound for the lists it pops from
   (:mod:`celery_dlq.worker.fetch_moves`), so a busy worker's retry does not
   wait for the mover.
-* **Recover on reconnect.** Tags this process fetched but no live channel of
-  it holds (a reply lost with the connection, a channel closed while Redis
-  was down) are given back to their queues when the next channel starts.
-  A worker killed outright leaves them in kombu's ``unacked`` hash, restored
-  by kombu's visibility timeout, as before.
+* **Recover on reconnect and restart.** Tags this process fetched but no
+  live channel of it holds (a reply lost with the connection, a channel
+  closed while Redis was down) are given back to their queues when the next
+  channel starts, and so are those of earlier runs of this worker on this
+  host whose process is gone: a restart waits for no lease.
 * **Close never crashes.** kombu's restore of unacked messages at close can
   raise on a broken connection (``_connparams`` on a released connection);
   here it is logged, and the messages stay recorded for the recovery above.
@@ -48,10 +54,7 @@ everything else are kombu's):
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import weakref
 from functools import cached_property
 from typing import Any
 
@@ -66,38 +69,31 @@ from kombu.utils.uuid import uuid
 from celery_dlq.element import envelope_error
 from celery_dlq.internals.kombu_redis import (consume_order, deliver, flush_reauth, forget_held, held_tags,
                                               list_key, rotate, set_in_poll)
+from celery_dlq.redis.inflight import InFlight
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts, script_source
+from celery_dlq.worker import inflight as process
 from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.fetch_moves import FetchMoves
 from celery_dlq.worker.fetch_wait import (FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY,
                                           TOKEN_TTL_MS, marker_wait, wait_text)
 from celery_dlq.worker.rejects import reject, release_quarantine
-from celery_dlq.worker.transport_setup import OPTION_LISTENER, OPTION_PREFIX, OPTION_RUNTIME, OPTION_WAIT
+from celery_dlq.worker.transport_setup import (OPTION_INFLIGHT, OPTION_LISTENER, OPTION_PREFIX, OPTION_RUNTIME,
+                                               OPTION_WAIT)
 
 logger = logging.getLogger(__name__)
 
 
 
-_live_channels: weakref.WeakSet = weakref.WeakSet()
-_consumer_id: tuple[int, str] | None = None
-
-
-def consumer_id() -> str:
-    """This process's consumer id (host, pid and a random part): the name of its ``fetched`` set."""
-    global _consumer_id
-    if _consumer_id is None or _consumer_id[0] != os.getpid():
-        _consumer_id = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}")
-    return _consumer_id[1]
-
-
 class QoS(kombu_redis.QoS):
-    """kombu's ack emulation, aware of what ``fetch.lua`` recorded already, with a close that never raises."""
+    """kombu's ack emulation for what ``fetch.lua`` recorded as in flight (kombu's own records otherwise),
+    with a close that never raises."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         recorded = self.channel._dlq_recorded
-        if delivery_tag in recorded:   # fetch.lua wrote unacked and its index: keep it in memory only
+        if delivery_tag in recorded:   # fetch.lua recorded it in flight: keep it in memory only
             recorded.discard(delivery_tag)
+            self.channel._dlq_ours.add(delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
             return
         super().append(message, delivery_tag)
@@ -105,27 +101,40 @@ class QoS(kombu_redis.QoS):
     def ack(self, delivery_tag: str) -> None:
         if delivery_tag in self.channel._dlq_settled:   # the park script acknowledged it already
             self.channel._dlq_settled.discard(delivery_tag)
+            self.channel._dlq_ours.discard(delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
             return
         super().ack(delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        """One round trip without MULTI/EXEC (three commands, not kombu's four): the record goes first,
-        so a connection lost in between leaves at most an index entry that kombu's restore skips."""
+        """One command for an in-flight message: out of this process's own hash (whatever else holds it now)."""
+        if delivery_tag not in self.channel._dlq_ours:
+            return super()._remove_from_indices(delivery_tag, pipe)
+        self.channel._dlq_ours.discard(delivery_tag)
         if pipe is None:
             with self.channel.conn_or_acquire() as client:
                 pipe = client.pipeline(transaction=False)
-        return pipe.hdel(self.unacked_key, delivery_tag) \
-                   .zrem(self.unacked_index_key, delivery_tag) \
-                   .srem(self.channel._dlq_fetched_key, delivery_tag)
+        return pipe.hdel(self.channel._dlq_inflight_key, delivery_tag)
+
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        if tag not in self.channel._dlq_ours:
+            return super().restore_by_tag(tag, client, leftmost)
+        self.channel._dlq_ours.discard(tag)
+        self.channel._dlq_give_back([tag], left=leftmost)
 
     def restore_unacked(self, client: Any = None) -> Any:
         try:
+            ours = [tag for tag in held_tags(self) if tag in self.channel._dlq_ours]
+            if ours:   # one script for all of them, as they were: the next fetch counts the delivery
+                self.channel._dlq_give_back(ours)
+                for tag in ours:
+                    self.channel._dlq_ours.discard(tag)
+                    forget_held(self, tag)
             return super().restore_unacked(client)
         except Exception as exc:  # kombu's close path on a dead connection (_connparams of None)
             logger.warning("celery-dlq: could not give back %d unacknowledged message(s) at close (%s: %s); "
-                           "they stay recorded and come back when this worker reconnects, or after the "
-                           "visibility timeout", len(held_tags(self)), type(exc).__name__, exc)
+                           "they stay in flight and come back when this worker reconnects or restarts, or "
+                           "after dlq_inflight_lease", len(held_tags(self)), type(exc).__name__, exc)
             for tag in held_tags(self):
                 forget_held(self, tag)
             return []
@@ -140,13 +149,16 @@ class Channel(kombu_redis.Channel):
         options = args[0].client.transport_options if args else {}
         self._dlq_recorded: set[str] = set()
         self._dlq_settled: set[str] = set()
+        self._dlq_ours: set[str] = set()   # tags fetch.lua recorded in flight that the QoS holds
         self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
-        self._dlq_consumer = consumer_id()
+        self._dlq_consumer = process.consumer_id()
+        self._dlq_lease = float(options.get(OPTION_INFLIGHT) or 10.0)
+        self._dlq_beat_sent: float | None = None
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
         self._dlq_wait = float(options.get(OPTION_WAIT) or 1.0)
         prefix = options.get(OPTION_PREFIX) or "celery_dlq"
-        # kombu's own clients add global_keyprefix themselves: the fetched set's name without it
-        self._dlq_fetched_key = Keys(prefix).fetched(self._dlq_consumer)
+        # kombu's own clients add global_keyprefix themselves: the in-flight hash's name without it
+        self._dlq_inflight_key = Keys(prefix).inflight(self._dlq_consumer)
         self._dlq_next = FETCH
         self._dlq_took = False
         self._dlq_sent: tuple[str, list[str]] | None = None
@@ -163,7 +175,8 @@ class Channel(kombu_redis.Channel):
         self._dlq_scripts = Scripts(self._dlq_plain)
         self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
         self._dlq_wake_key = self._dlq_keys.fetch_wake(f"{self._dlq_consumer}:{uuid()[:8]}")
-        _live_channels.add(self)
+        self._dlq_inflight = InFlight(self._dlq_plain, self._dlq_keys)
+        process.opened(self)
 
     # -- fetch ------------------------------------------------------------------
 
@@ -194,8 +207,10 @@ class Channel(kombu_redis.Channel):
         register = "1" if marked and clock - self._dlq_registered_at >= REGISTER_EVERY else ""
         if register:
             self._dlq_registered_at = clock
-        connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys), now,
-                                len(marked), int(now * 1000), register, *marked,
+        beat = process.beat_is_due(self._dlq_lease)
+        self._dlq_beat_sent = clock if beat else None
+        connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys),
+                                self._dlq_consumer if beat else "", len(marked), int(now * 1000), register, *marked,
                                 *(moves.args(now) if moves else ()))
 
     def _dlq_heard_for(self, seconds: float) -> bool:
@@ -222,7 +237,7 @@ class Channel(kombu_redis.Channel):
             markers = [k.fetch_marker(queue) for queue in queues] if self._dlq_listener else []
             all_keys = [prefix + key for key in keys] + \
                 [k.quarantine(self._queue_of_key(key)) for key in keys] + \
-                [prefix + self.unacked_key, prefix + self.unacked_index_key, k.fetched(self._dlq_consumer)] + \
+                [k.inflight(self._dlq_consumer), k.consumers] + \
                 markers + [k.fetch_queues, k.fetch_listening] + \
                 list(self._dlq_moves.keys if self._dlq_moves else ())   # fetch_moves.py
             cached = self._dlq_key_cache[queues] = (keys, all_keys, markers)
@@ -276,10 +291,13 @@ class Channel(kombu_redis.Channel):
         index, element, status, tag = reply[:4]
         if len(reply) > 5:   # due entries this fetch moved onto its lists (fetch_moves.py)
             runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 5)
-        if bytes_to_str(status) == "none":
+        status = bytes_to_str(status)
+        if status == "none":
             raise kombu_redis.Empty()
+        if self._dlq_beat_sent is not None and status != "quarantined":
+            process.beaten(self._dlq_beat_sent)
         queue = self._queue_of_key(keys[int(index) - 1])
-        if bytes_to_str(status) == "quarantined":
+        if status == "quarantined":
             release_quarantine(self, queue, element, "not a kombu message (not a JSON object with "
                                                      "properties, delivery_tag and delivery_info)")
             raise kombu_redis.Empty()
@@ -293,6 +311,10 @@ class Channel(kombu_redis.Channel):
         if error:
             reject(self, queue, element, tag, error)
             raise kombu_redis.Empty()
+        if status == "again":   # given back by a lost consumer: a redelivery, counted as kombu's restores are
+            message["properties"]["delivery_info"]["redelivered"] = True
+            if isinstance(message.get("headers"), dict):
+                message["headers"]["redelivered"] = True
         self._dlq_recorded.add(tag)
         rotate(self, queue)
         try:
@@ -301,28 +323,25 @@ class Channel(kombu_redis.Channel):
             if isinstance(exc, self.connection_errors) and not isinstance(exc, KeyError):
                 raise   # kombu counts KeyError as a connection error; handing a message over, it never is one
             # The message passed validation, so this is a bug (ours or a library's), not a bad message:
-            # logged, never dead-lettered; it stays recorded as unacknowledged and comes back.
+            # logged, never dead-lettered; it stays in flight and comes back.
             self._dlq_recorded.discard(tag)
             if self._qos is not None:
                 forget_held(self._qos, tag)
-            logger.exception("celery-dlq: error while handing message %s from %r to the worker; it stays "
-                             "unacknowledged and is delivered again after the visibility timeout or when this "
-                             "worker reconnects", tag, queue)
+            logger.exception("celery-dlq: error while handing message %s from %r to the worker; it stays in "
+                             "flight and is delivered again when this worker reconnects or restarts", tag, queue)
             raise kombu_redis.Empty() from None
         return True
 
     # -- acknowledging in another script --------------------------------------------
 
     def ack_keys(self) -> list[str]:
-        """Full names of kombu's ``unacked`` hash, its index and this consumer's ``fetched`` set.
+        """Full name of this process's in-flight hash.
 
         For a script on the broker's Redis that settles a consumed message
         itself (``park.lua``); then call :meth:`settled` so the channel's ack
         only forgets it.
         """
-        prefix = self.global_keyprefix or ""
-        return [prefix + self.unacked_key, prefix + self.unacked_index_key,
-                self._dlq_keys.fetched(self._dlq_consumer)]
+        return [self._dlq_keys.inflight(self._dlq_consumer)]
 
     def settled(self, delivery_tag: str) -> None:
         """A script removed ``delivery_tag`` from the unacked records: acking it needs no round trip."""
@@ -330,24 +349,18 @@ class Channel(kombu_redis.Channel):
 
     # -- recovery and close ---------------------------------------------------------
 
+    def _dlq_give_back(self, tags: list[str], left: bool = False) -> int:
+        """Give this process's in-flight ``tags`` back to their lists (those it still holds)."""
+        return self._dlq_inflight.give_back(self._dlq_consumer, tags, left=left)
+
     def _dlq_recover(self) -> int:
-        """Give back what this process fetched that no live channel of it holds (lost with a connection)."""
+        """Give back what this process fetched that no live channel of it holds (lost with a connection),
+        and what earlier runs of this worker on this host left in flight."""
         self._dlq_recovered = True
-        held = set()
-        for channel in list(_live_channels):
-            qos = channel.__dict__.get("_qos")
-            if qos is not None:
-                held.update(held_tags(qos))
-        orphans = [bytes_to_str(tag) for tag in self._dlq_plain.smembers(self._dlq_keys.fetched(self._dlq_consumer))]
-        orphans = [tag for tag in orphans if tag not in held]
-        for tag in orphans:
-            self.qos.restore_by_tag(tag)
-        if orphans:
-            logger.warning("celery-dlq: gave back %d message(s) fetched before the connection was lost", len(orphans))
-        return len(orphans)
+        return process.recover(self._dlq_inflight, self._dlq_consumer)
 
     def close(self) -> None:
-        _live_channels.discard(self)
+        process.closed(self)
         if self._dlq_sent is not None and self._dlq_sent[0] == "BZPOPMIN":
             self._dlq_end_wait()   # kombu's close reads the pending reply: at once, not after MARKER_WAIT
         try:

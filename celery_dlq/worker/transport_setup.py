@@ -13,7 +13,7 @@ logger = logging.getLogger(__name__)
 
 #: ``broker_transport_options`` keys ``use_in_worker()`` sets for the worker's channels.
 OPTION_RUNTIME, OPTION_PREFIX, OPTION_WAIT = "celery_dlq_runtime", "celery_dlq_key_prefix", "celery_dlq_fetch_wait"
-OPTION_LISTENER = "celery_dlq_fetch_listener"
+OPTION_LISTENER, OPTION_INFLIGHT = "celery_dlq_fetch_listener", "celery_dlq_inflight_lease"
 #: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
 TRANSPORT, SOCKET_TRANSPORT = "celery_dlq.worker.transport:Transport", "celery_dlq.worker.transport:SocketTransport"
 SENTINEL_TRANSPORT = "celery_dlq.worker.sentinel:SentinelTransport"
@@ -47,7 +47,8 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
     conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
                                      OPTION_PREFIX: runtime.settings.key_prefix,
                                      OPTION_WAIT: runtime.settings.fetch_wait,
-                                     OPTION_LISTENER: runtime.settings.fetch_listener}
+                                     OPTION_LISTENER: runtime.settings.fetch_listener,
+                                     OPTION_INFLIGHT: runtime.settings.inflight_lease}
     logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", conf.broker_transport)
     return True
 

@@ -33,7 +33,7 @@ def test_a_broker_restart_loses_nothing(tmp_path):
         server.start()
         done = lambda: {d["id"] for d in harness.deliveries() if d["delivery"] >= 2} >= set(ids)  # noqa: E731
         harness.wait_until(done, timeout=120, message=f"all {TASKS} tasks succeeded after the restart")
-        harness.wait_until(lambda: harness.redis.hlen("unacked") == 0 and store.count() == 0
+        harness.wait_until(lambda: harness.in_flight() == 0 and store.count() == 0
                            and harness.redis.llen(harness.queue) == 0, timeout=30, message="nothing left behind")
         assert worker.proc.poll() is None and worker.proc.pid == pid, "the worker never exits"
         assert harness.dead_letters() == []

@@ -152,6 +152,18 @@ class Harness:
         self.wait_until(lambda: self.deliveries(parked) and self.deliveries(queued), timeout=timeout,
                         message="a mover pass and a fetch (the canaries ran)")
 
+    def in_flight(self) -> int:
+        """Messages fetched and not settled: every worker process's in-flight hash, and kombu's ``unacked``."""
+        keys = self.redis.keys(Keys(self.prefix).inflight("*"))
+        return sum(self.redis.hlen(key) for key in keys) + self.redis.hlen("unacked")
+
+    def holder_of(self, tag: str) -> str | None:
+        """The consumer (``host:pid:random``) whose in-flight hash holds delivery tag ``tag``."""
+        for key in self.redis.keys(Keys(self.prefix).inflight("*")):
+            if self.redis.hexists(key, tag):
+                return key.decode().split(":inflight:", 1)[1]
+        return None
+
     def dead_letters(self, dlq: str | None = None) -> list[dict]:
         """The raw kombu messages in a DLQ (oldest first), as redis-cli would show them."""
         raw = self.redis.lrange(dlq or f"DLQ.{self.queue}", 0, -1)

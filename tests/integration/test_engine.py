@@ -65,7 +65,7 @@ def test_always_failing_task_ends_in_its_dlq_with_every_header(harness):
     assert harness.redis.hlen(f"{{{harness.prefix}}}:payloads") == 0
     assert harness.redis.llen(harness.queue) == 0
     # Celery's result state and the message: acknowledged, nothing left unacked.
-    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+    harness.wait_until(lambda: harness.in_flight() == 0, message="no unacked messages")
 
 
 def test_non_retryable_exception_goes_straight_to_the_dlq(harness):
@@ -169,7 +169,7 @@ def test_hard_time_limit_is_a_failed_delivery_then_dead_lettered_time_limit(harn
     harness.wait_until(lambda: harness.deliveries(after.id))
     assert len(harness.dead_letters()) == 1, "reported twice by the pool, dead-lettered once"
     assert worker.proc.poll() is None
-    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="message acknowledged")
+    harness.wait_until(lambda: harness.in_flight() == 0, message="message acknowledged")
     failures = [json.loads(r) for r in harness.redis.lrange(f"{harness.prefix}:failures", 0, -1)]
     assert [f["id"] for f in failures] == [result.id], "FAILURE recorded once, at the end, not per timeout"
 

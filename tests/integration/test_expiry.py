@@ -192,7 +192,7 @@ def _retry_with_new_arguments(harness, store: redis.Redis) -> None:
     assert len(harness.deliveries(result.id)) == 3
     assert harness.dead_letters() == []
     assert_store_empty(store, harness.prefix)
-    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+    harness.wait_until(lambda: harness.in_flight() == 0, message="no unacked messages")
 
 
 def test_retry_with_new_arguments_counts_deliveries_and_dead_letters_the_last_arguments(harness):
@@ -252,7 +252,7 @@ def test_retry_arguments_the_serializer_cannot_encode_dead_letter_the_original(h
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     assert "cannot encode the new retry arguments" in worker.log()
     assert_store_empty(harness.redis, harness.prefix)
-    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+    harness.wait_until(lambda: harness.in_flight() == 0, message="no unacked messages")
 
 
 def test_a_redelivered_copy_that_expires_waiting_for_a_pool_process_is_dead_lettered(harness):
@@ -272,7 +272,7 @@ def test_a_redelivered_copy_that_expires_waiting_for_a_pool_process_is_dead_lett
     assert [r["delivery"] for r in harness.deliveries(result.id)] == [1]
     counted = stats(harness.redis, harness.prefix)
     assert counted.get("redelivered") == 1 and counted.get("expired") == 1
-    harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, message="no unacked messages")
+    harness.wait_until(lambda: harness.in_flight() == 0, message="no unacked messages")
 
 
 def test_a_first_delivery_that_expires_in_the_queue_is_left_to_celery(harness):

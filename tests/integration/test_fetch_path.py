@@ -102,7 +102,7 @@ def test_a_fuzz_run_of_malformed_elements_never_kills_the_worker_and_loses_nothi
     assert len(valid) == VALID
 
     def settled():
-        return (harness.redis.llen(harness.queue) == 0 and harness.redis.hlen("unacked") == 0
+        return (harness.redis.llen(harness.queue) == 0 and harness.in_flight() == 0
                 and harness.redis.llen(f"DLQ.{harness.queue}") >= MALFORMED
                 and len({d["id"] for d in harness.deliveries()}) >= VALID)
 
@@ -156,7 +156,7 @@ def test_redis_restarts_lose_nothing_and_never_stop_the_worker(tmp_path, unique)
             restarted_at = time.monotonic()
             harness.wait_until(lambda: succeeded(harness, ids) == TASKS, timeout=180,
                                message=f"round {round_}: all {TASKS} succeeded")
-            harness.wait_until(lambda: harness.redis.hlen("unacked") == 0 and store.count() == 0
+            harness.wait_until(lambda: harness.in_flight() == 0 and store.count() == 0
                                and harness.redis.llen(harness.queue) == 0, timeout=30, message="all settled")
             assert worker.proc.poll() is None and worker.proc.pid == pid, "the worker never exits"
             # A duplicate: the same delivery of a task ran twice (at-least-once allows it; count it).

@@ -25,7 +25,7 @@ def test_store_outage_leaves_the_message_unacked_until_redis_is_back(harness):
         result = harness.send("proj.always_fails", args=(1,))
         harness.wait_until(lambda: harness.deliveries(result.id), message="first delivery")
         worker.wait_for_log("leaving the message unacknowledged", timeout=20)
-        assert harness.redis.hlen("unacked") == 1, "the failed delivery must stay unacknowledged"
+        assert harness.in_flight() == 1, "the failed delivery must stay unacknowledged"
         assert harness.dead_letters() == []
 
         store = RedisServer(port=store.port).start()  # back, empty
@@ -33,7 +33,7 @@ def test_store_outage_leaves_the_message_unacked_until_redis_is_back(harness):
         headers = harness.dead_letters()[0]["headers"]
         assert headers["id"] == result.id
         assert headers[H.REASON] == "max_delivery_attempts"
-        harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, timeout=20)
+        harness.wait_until(lambda: harness.in_flight() == 0, timeout=20)
         assert harness.redis.llen(harness.queue) == 0
         harness.after_a_mover_pass(redis.Redis.from_url(store.url))
         assert len(harness.dead_letters()) == 1
@@ -52,12 +52,12 @@ def test_a_failed_write_is_retried_soon_after_redis_is_back_not_after_the_visibi
         harness.wait_until(lambda: harness.deliveries(result.id), message="first delivery")
         worker.wait_for_log("trying again in 1s", timeout=20)
         worker.wait_for_log("trying again in 2s", timeout=20)   # a failed retry while Redis is down
-        assert harness.redis.hlen("unacked") == 1, "still unacknowledged while the store is down"
+        assert harness.in_flight() == 1, "still unacknowledged while the store is down"
         store = RedisServer(port=store.port).start()  # back, empty
         harness.wait_until(lambda: len(harness.deliveries(result.id)) == 2, timeout=30,
                            message="parked by a retried write, then redelivered")
         assert [d["delivery"] for d in harness.deliveries(result.id)] == [1, 2], "the task body ran once per delivery"
-        harness.wait_until(lambda: harness.redis.hlen("unacked") == 0, timeout=10)
+        harness.wait_until(lambda: harness.in_flight() == 0, timeout=10)
         assert harness.dead_letters() == []
     finally:
         store.stop()

@@ -156,10 +156,10 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
 
 def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):
     """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch_moves.py``)."""
-    keys = [*lists, *(store.keys.quarantine(name) for name in lists), "unacked", "unacked_index",
-            store.keys.fetched("c1"), store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
+    keys = [*lists, *(store.keys.quarantine(name) for name in lists), store.keys.inflight("c1"),
+            store.keys.consumers, store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
     moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
-    return Scripts(store.client).run("fetch", keys, [len(lists), now, 0, to_ms(now), "", *moves.args(now)])
+    return Scripts(store.client).run("fetch", keys, [len(lists), "", 0, to_ms(now), "", *moves.args(now)])
 
 
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):
@@ -171,7 +171,7 @@ def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bo
         assert reply[:4] == [1, element("tb", "b"), b"ok", b"tb"]        # moved, then popped in priority order
         assert add_moves(Counter(), reply, 5) == {(orders, "shop.charge"): 2}
         assert c.lrange(orders, 0, -1) == [element("ta", "a")] and c.llen(high) == 0
-        assert c.hexists("unacked", "tb") and c.sismember(k.fetched("c1"), "tb")
+        assert c.hexists(k.inflight("c1"), "tb")
         assert store.get("a:2") is None and store.get("b:3") is None
         assert store.counts_by_queue() == {orders: 2, "other": 1}                   # d and e; c
         assert c.hget(k.stats, Stat.REDELIVERED) == b"2"
@@ -183,7 +183,7 @@ def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bo
         assert fetch_moving(store, [high, orders]) is None        # c: another list; d: publish; e: not due
         assert fetch_moving(store, [high, orders], now=T0 + 61)[:4] == [2, element("te", "e"), b"ok", b"te"]
     finally:
-        c.delete(orders, high, "other", "unacked", "unacked_index", k.fetched("c1"))
+        c.delete(orders, high, "other", k.inflight("c1"))
 
 
 def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, unique):
@@ -199,7 +199,7 @@ def test_a_fetch_moves_at_most_its_limit_and_the_next_fetch_the_rest(store, uniq
         assert store.count() == 0 and c.llen(q) == LIMIT + 3
         assert c.hget(store.keys.stats, Stat.REDELIVERED) == str(LIMIT + 5).encode()
     finally:
-        c.delete(q, "unacked", "unacked_index", store.keys.fetched("c1"))
+        c.delete(q, store.keys.inflight("c1"))
 
 
 def test_the_fetches_moves_are_written_to_redelivered_total_once_and_kept_when_redis_fails(store, unique):

@@ -17,6 +17,7 @@ from kombu.transport.virtual import Message
 
 from celery_dlq import headers as H
 from celery_dlq.element import envelope_error, raw_dead_letter
+from celery_dlq.redis.inflight import parse_value
 from celery_dlq.redis.keys import Keys
 from celery_dlq.redis.scripts import Scripts
 from celery_dlq.worker import transport as T, transport_setup as TS
@@ -145,13 +146,14 @@ def test_a_delivery_count_is_believed_only_in_range(value, problem):
 # -- the scripts ---------------------------------------------------------------------
 
 def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0,
-          queues: tuple[str, ...] = (), register: bool = False):
-    """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener)."""
+          queues: tuple[str, ...] = (), register: bool = False, beat: bool = False):
+    """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener);
+    ``beat``: the consumer's beat is due, the fetch writes it when it takes a message."""
     all_keys = [*lists, *(keys.quarantine(name.split("\x06\x16")[0]) for name in lists),
-                "unacked", "unacked_index", keys.fetched(consumer), *(keys.fetch_marker(q) for q in queues),
+                keys.inflight(consumer), keys.consumers, *(keys.fetch_marker(q) for q in queues),
                 keys.fetch_queues, keys.fetch_listening]
-    return Scripts(client).run("fetch", all_keys, [len(lists), now, len(queues), int(now * 1000),
-                                                   "1" if register else "", *queues])
+    return Scripts(client).run("fetch", all_keys, [len(lists), consumer if beat else "", len(queues),
+                                                   int(now * 1000), "1" if register else "", *queues])
 
 
 def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, unique):
@@ -160,17 +162,18 @@ def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, un
     any_redis.lpush(f"{q}\x06\x163", json.dumps(low))
     any_redis.lpush(q, json.dumps(high))
     try:
-        index, element, status, tag, more = fetch(any_redis, keys, [q, f"{q}\x06\x163"])
+        index, element, status, tag, more = fetch(any_redis, keys, [q, f"{q}\x06\x163"], beat=True)
         assert (index, status, tag, more) == (1, b"ok", f"high-{unique}".encode(), 1)   # low is left
         assert json.loads(element) == high
-        record = json.loads(any_redis.hget("unacked", f"high-{unique}"))
-        assert record == [high, "", "orders"]                       # kombu's [message, exchange, routing key]
-        assert any_redis.zscore("unacked_index", f"high-{unique}") == 1000.0
-        assert any_redis.smembers(keys.fetched("c1")) == {f"high-{unique}".encode()}
-        assert fetch(any_redis, keys, [q, f"{q}\x06\x163"])[3:5] == [f"low-{unique}".encode(), 0]
+        # the consumer's own record: the list it came from and the element, byte for byte
+        assert parse_value(any_redis.hget(keys.inflight("c1"), f"high-{unique}")) == (q, element)
+        assert any_redis.zscore(keys.consumers, "c1") == 1_000_000            # the beat, written with the take
+        assert not any_redis.exists("unacked", "unacked_index")             # kombu's records are not used
+        assert fetch(any_redis, keys, [q, f"{q}\x06\x163"], now=2000.0)[3:5] == [f"low-{unique}".encode(), 0]
+        assert any_redis.zscore(keys.consumers, "c1") == 1_000_000            # no beat asked: none written
         assert fetch(any_redis, keys, [q, f"{q}\x06\x163"]) is None
     finally:
-        any_redis.delete("unacked", "unacked_index", keys.fetched("c1"))
+        any_redis.delete(keys.inflight("c1"), keys.consumers)
 
 
 @pytest.mark.parametrize("junk", [b"not json", b"[1,2]", b'"text"', b'{"a": 1}', b'{"properties": null}',
@@ -181,20 +184,20 @@ def test_fetch_quarantines_what_is_not_an_envelope_in_the_same_step(any_redis, u
     index, element, status, tag, more = fetch(any_redis, keys, [q])
     assert (element, status, tag, more) == (junk, b"quarantined", b"", 0)
     assert any_redis.lrange(keys.quarantine(q), 0, -1) == [junk]
-    assert any_redis.llen(q) == 0 and not any_redis.exists("unacked")
+    assert any_redis.llen(q) == 0 and not any_redis.exists(keys.inflight("c1"))
 
 
 def test_reject_invalid_moves_a_fetched_message_to_its_dlq_once(any_redis, unique):
     keys, q, tag = Keys(f"f{unique}"), f"q{unique}", f"t-{unique}"
     any_redis.lpush(q, json.dumps(celery_message(tag=tag)))
     fetch(any_redis, keys, [q])
-    script_keys = ["unacked", "unacked_index", keys.fetched("c1"), f"DLQ.{q}"]
+    script_keys = [keys.inflight("c1"), f"DLQ.{q}"]
     try:
+        assert any_redis.hexists(keys.inflight("c1"), tag)
         assert Scripts(any_redis).run("reject_invalid", script_keys, [tag, b"letter"]) == 1
         assert any_redis.lrange(f"DLQ.{q}", 0, -1) == [b"letter"]
-        assert not any_redis.hexists("unacked", tag) and any_redis.zscore("unacked_index", tag) is None
-        assert not any_redis.sismember(keys.fetched("c1"), tag)
-        assert Scripts(any_redis).run("reject_invalid", script_keys, [tag, b"letter"]) == 0   # restored meanwhile
+        assert not any_redis.hexists(keys.inflight("c1"), tag)
+        assert Scripts(any_redis).run("reject_invalid", script_keys, [tag, b"letter"]) == 0   # given back meanwhile
         assert any_redis.llen(f"DLQ.{q}") == 1
     finally:
         any_redis.delete(f"DLQ.{q}")
@@ -225,7 +228,7 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {
         "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25,
-        TS.OPTION_LISTENER: True}
+        TS.OPTION_LISTENER: True, TS.OPTION_INFLIGHT: 10.0}
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport
@@ -250,9 +253,10 @@ def test_a_unix_socket_broker_fetches_through_the_transport(tmp_path):
             message = queue.get(timeout=5)
             assert message.payload == {"x": 1}
             client = redis.Redis(unix_socket_path=str(sock), db=2)
-            assert client.hlen("unacked") == 1        # recorded by the fetch script, before the ack
+            inflight = Keys("celery_dlq").inflight(T.process.consumer_id())
+            assert client.hlen(inflight) == 1          # recorded by the fetch script, before the ack
             message.ack()
-            assert client.hlen("unacked") == 0
+            assert client.hlen(inflight) == 0 and not client.exists("unacked")
             queue.close()
     finally:
         server.terminate()

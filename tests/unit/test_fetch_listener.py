@@ -72,7 +72,7 @@ def test_a_fetch_that_takes_a_message_leaves_the_markers_alone(any_redis, unique
         assert fetch(any_redis, keys, [q], queues=(q,))[2] == b"ok"
         assert any_redis.zcard(keys.fetch_marker(q)) == 1                 # another message is left
     finally:
-        any_redis.delete(q, keys.fetch_marker(q), "unacked", "unacked_index", keys.fetched("c1"))
+        any_redis.delete(q, keys.fetch_marker(q), keys.inflight("c1"))
 
 
 @pytest.mark.parametrize("names, expected", [

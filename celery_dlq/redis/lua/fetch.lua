@@ -1,22 +1,25 @@
--- fetch.lua: pop the next message of a worker's queues and record it as unacknowledged, in one step.
+-- fetch.lua: pop the next message of a worker's queues and record it as in flight, in one step.
 -- kombu's BRPOP and its unacked write are two round trips: a message popped
 -- but not yet recorded is lost if the worker dies or Redis restarts between
 -- them. Here nothing is popped without being recorded, and a list element
 -- that is not a kombu message is moved to its queue's quarantine, never lost.
+-- The record is the consumer's own (its in-flight hash, given back when its
+-- heartbeat stops: redis/inflight.py), not kombu's unacked hash, so kombu's
+-- visibility timeout never gives a live worker's message to another.
 --
 -- KEYS[1] = the first queue list (LIST), where most messages are: before Redis 7, popped first
 -- KEYS[1..n]          queue lists      (LIST) in priority order, as kombu's BRPOP takes them
 -- KEYS[n+1..2n]       quarantines      (LIST) raw elements of list i that are not kombu messages
--- KEYS[2n+1]          unacked          (HASH) kombu's: delivery tag -> JSON [message, exchange, routing key]
--- KEYS[2n+2]          unacked_index    (ZSET) kombu's: delivery tag -> time fetched (s)
--- KEYS[2n+3]          fetched          (SET)  delivery tags this consumer fetched and has not acked
--- KEYS[2n+4..2n+3+m]  wake markers     (ZSET) one per queue, at most one member: the fetch listener writes it
+-- KEYS[2n+1]          in flight        (HASH) this consumer's: delivery tag -> in_flight_value (lib.lua)
+-- KEYS[2n+2]          consumers        (ZSET) consumer -> last heartbeat (ms)
+-- KEYS[2n+3..2n+2+m]  wake markers     (ZSET) one per queue, at most one member: the fetch listener writes it
 --                                      when the queue's lists hold a message; an idle fetch blocks on them
--- KEYS[2n+4+m]        fetch queues     (ZSET) queue -> when a fetch registered it (ms): what the listener hears
--- KEYS[2n+5+m]        listening        (SET)  the queues a live fetch listener hears
--- KEYS[2n+6+m..]      (only with a move limit > 0) the parked store's keys, as move_due.lua takes them
+-- KEYS[2n+3+m]        fetch queues     (ZSET) queue -> when a fetch registered it (ms): what the listener hears
+-- KEYS[2n+4+m]        listening        (SET)  the queues a live fetch listener hears
+-- KEYS[2n+5+m..]      (only with a move limit > 0) the parked store's keys, as move_due.lua takes them
 -- ARGV[1] = n, the number of queue lists
--- ARGV[2] = now, unix seconds (float), the unacked_index score
+-- ARGV[2] = this consumer: written to KEYS[2n+2] with ARGV[4] when a message is taken ("": its heartbeat
+--           is recent, nothing to write)
 -- ARGV[3] = m, the number of wake markers (0: no fetch listener, the channel waits its own way)
 -- ARGV[4] = now (ms)
 -- ARGV[5] = "1": register the queues again (their score), as each channel does every few minutes
@@ -30,14 +33,16 @@
 -- Returns, when every list is empty and nothing was moved: 0 when a listener hears every one of these
 -- queues (the channel then blocks on the markers), nil otherwise (it waits without them). Else {i,
 -- element, status, tag, more, queue, task, n, ...}: status is "ok" (recorded under delivery tag `tag`),
--- "quarantined" (moved to KEYS[n+i]; tag is "") or "none" (nothing popped; i is 0); more is 1 when a
--- list still holds a message after this pop; then the moves per queue and task.
+-- "again" (the same, for a message given back by a lost consumer: a redelivery), "quarantined" (moved
+-- to KEYS[n+i]; tag is "") or "none" (nothing popped; i is 0); more is 1 when a list still holds a
+-- message after this pop; then the moves per queue and task.
 local n = tonumber(ARGV[1])
 local m = tonumber(ARGV[3])
 local extra = 5 + m
 local moves = {}
 local limit = tonumber(ARGV[extra + 1] or '0')
-local store = 2 * n + 6 + m
+local marks = 2 * n + 3   -- the first wake marker
+local store = marks + m + 2
 if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[store], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
   local lists = {}
   for i = 1, n do
@@ -64,8 +69,8 @@ local function register()   -- the listener hears the queues of the fetch queues
     args[#args + 1] = ARGV[4]
     args[#args + 1] = ARGV[5 + j]
   end
-  if redis.call('ZADD', KEYS[2 * n + 4 + m], unpack(args)) > 0 then
-    redis.call('PUBLISH', KEYS[2 * n + 4 + m], 'new')
+  if redis.call('ZADD', KEYS[marks + m], unpack(args)) > 0 then
+    redis.call('PUBLISH', KEYS[marks + m], 'new')
   end
 end
 local function empty()
@@ -73,8 +78,8 @@ local function empty()
     return nil
   end
   -- Empty now, so any marker of these queues is stale: the next push writes it again.
-  redis.call('DEL', unpack(KEYS, 2 * n + 4, 2 * n + 3 + m))
-  local heard = redis.call('SMISMEMBER', KEYS[2 * n + 5 + m], unpack(ARGV, 6, 5 + m))
+  redis.call('DEL', unpack(KEYS, marks, marks + m - 1))
+  local heard = redis.call('SMISMEMBER', KEYS[marks + m + 1], unpack(ARGV, 6, 5 + m))
   for j = 1, m do
     if heard[j] == 0 then
       register()
@@ -87,19 +92,22 @@ local function empty()
   return 0
 end
 local function take(i, element)
+  local status = 'ok'
+  if string.sub(element, 1, #GIVEN_BACK) == GIVEN_BACK then   -- given back by a lost consumer (lib.lua)
+    element = '{' .. string.sub(element, #GIVEN_BACK + 1)
+    status = 'again'
+  end
   local ok, message = pcall(cjson.decode, element)
   local properties = ok and type(message) == 'table' and message['properties']
   local tag = type(properties) == 'table' and properties['delivery_tag']
   local info = type(properties) == 'table' and properties['delivery_info']
   if type(tag) == 'string' and tag ~= '' and type(info) == 'table'
       and type(info['exchange']) == 'string' and type(info['routing_key']) == 'string' then
-    -- The element is kept byte for byte: kombu's restore decodes [M, EX, RK].
-    local record = '[' .. element .. ',' .. cjson.encode(info['exchange']) .. ','
-                   .. cjson.encode(info['routing_key']) .. ']'
-    redis.call('HSET', KEYS[2 * n + 1], tag, record)
-    redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
-    redis.call('SADD', KEYS[2 * n + 3], tag)
-    return reply(i, element, 'ok', tag)
+    redis.call('HSET', KEYS[2 * n + 1], tag, in_flight_value(KEYS[i], element))
+    if ARGV[2] ~= '' then
+      redis.call('ZADD', KEYS[2 * n + 2], ARGV[4], ARGV[2])
+    end
+    return reply(i, element, status, tag)
   end
   redis.call('LPUSH', KEYS[n + i], element)
   return reply(i, element, 'quarantined', '')

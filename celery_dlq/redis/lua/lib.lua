@@ -184,3 +184,13 @@ local function group_remove(key, gid, reason)
         end
     end
 end
+
+-- In flight (redis/inflight.py): a consumer's record of a fetched message is the list it came from and the
+-- element, "<length of the list's name>:<list><element>", so it can be given back byte for byte.
+local function in_flight_value(list, element)
+    return #list .. ':' .. list .. element
+end
+
+-- A message given back by a lost consumer opens with this extra top-level field, so the next fetch counts
+-- the delivery (fetch.lua strips it; any other JSON reader ignores it).
+local GIVEN_BACK = '{"x-dlq-redelivered":1,'

@@ -11,9 +11,7 @@
 -- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
 -- KEYS[10] = trends   (HASH) parks per minute and hour of ARGV[3]'s queue (lib.lua, trend_add; ARGV[9])
 -- KEYS[11] = wake     (ZSET) the moving worker's wake-up marker: written when this entry is the earliest due
--- KEYS[12] = unacked  (HASH) kombu's: delivery tag -> message (only with ARGV[6])
--- KEYS[13] = unacked_index (ZSET) kombu's: delivery tag -> time fetched (only with ARGV[6])
--- KEYS[14] = fetched  (SET) the consumer's fetched, unacked delivery tags (only with ARGV[6])
+-- KEYS[12] = in flight (HASH) the consumer's fetched, unsettled messages (only with ARGV[6]; redis/inflight.py)
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -39,12 +37,10 @@
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
     local held = redis.call('HDEL', KEYS[12], ARGV[6])
-    redis.call('ZREM', KEYS[13], ARGV[6])
-    redis.call('SREM', KEYS[14], ARGV[6])
     if held == 0 and not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
             or redis.call('HEXISTS', KEYS[3], id) == 1) then
-        -- The consumed message is no longer unacknowledged: restored to its queue (visibility timeout, a
-        -- reconnect) or its fetch was lost with a failed-over master. That copy carries on; parking another
+        -- The consumed message is no longer this consumer's: given back to its queue (its heartbeat stopped
+        -- for longer than the lease, a reconnect) or its fetch was lost with a failed-over master. That copy carries on; parking another
         -- would fork a second chain of deliveries.
         return 3
     end

@@ -1,0 +1,85 @@
+"""In-flight messages: each one belongs to the worker process that fetched it, for as long as that process beats.
+
+``fetch.lua`` records every message it pops in its consumer's hash
+(:meth:`Keys.inflight`: delivery tag -> the list it came from and the
+element, byte for byte) and, when the consumer's last beat is not recent,
+the beat itself in the consumers set (:attr:`Keys.consumers`, consumer ->
+ms). While a process holds messages it beats every heartbeat interval; a
+consumer whose beat is older than ``dlq_inflight_lease`` is gone, and one
+sweeper (the mover lease's holder) gives its messages back to their lists
+(``lua/give_back.lua``). Acknowledging is ``HDEL`` from the consumer's own
+hash, so a process that comes back after its messages were given back
+settles nothing of another's. Keys are full names on the broker's Redis
+(``global_keyprefix`` included); times are the workers' clocks, as the
+parked store's due times are.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from celery_dlq.redis.keys import Keys
+from celery_dlq.redis.scripts import Scripts
+
+
+def parse_value(value: bytes) -> tuple[str, bytes]:
+    """``(list, element)`` of an in-flight record (``in_flight_value`` in ``lua/lib.lua``)."""
+    length, rest = value.split(b":", 1)
+    size = int(length)
+    return rest[:size].decode("utf-8"), rest[size:]
+
+
+class InFlight:
+    """The in-flight records of every consumer on one broker Redis (``client`` must not prefix keys)."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.client, self.keys = client, keys
+        self._scripts = Scripts(client)
+
+    def beat(self, consumer: str, now_ms: int) -> None:
+        """``consumer`` is alive and may hold messages."""
+        self.client.zadd(self.keys.consumers, {consumer: now_ms})
+
+    def oldest(self) -> tuple[str, int] | None:
+        """The consumer whose beat is oldest, and that beat (ms); None when no consumer is recorded."""
+        first = self.client.zrange(self.keys.consumers, 0, 0, withscores=True)
+        return (first[0][0].decode("utf-8"), int(first[0][1])) if first else None
+
+    def consumers(self) -> list[tuple[str, int]]:
+        """Every recorded consumer and its last beat (ms)."""
+        return [(name.decode("utf-8"), int(score))
+                for name, score in self.client.zrange(self.keys.consumers, 0, -1, withscores=True)]
+
+    def stale(self, cutoff_ms: int, limit: int = 100) -> list[str]:
+        """Consumers whose last beat is older than ``cutoff_ms``."""
+        return [name.decode("utf-8") for name in
+                self.client.zrangebyscore(self.keys.consumers, "-inf", f"({cutoff_ms}", start=0, num=limit)]
+
+    def tags(self, consumer: str) -> list[str]:
+        """The delivery tags ``consumer`` holds in flight."""
+        return [tag.decode("utf-8") for tag in self.client.hkeys(self.keys.inflight(consumer))]
+
+    def give_back(self, consumer: str, tags: Iterable[str] | None = None, *, cutoff_ms: int | None = None,
+                  left: bool = False, forget: bool = False) -> int:
+        """Give ``consumer``'s messages (``tags``; None: all) back to their lists; how many went back.
+
+        With ``cutoff_ms`` only if the consumer has not beaten since (else
+        -1, nothing done). ``left`` pushes them behind what waits (kombu's
+        requeue), else they are delivered next. ``forget`` drops the consumer
+        from the consumers set once nothing of it is left in flight.
+        """
+        key = self.keys.inflight(consumer)
+        if tags is None:
+            records = self.client.hgetall(key)
+        else:
+            tags = list(tags)
+            records = dict(zip(tags, self.client.hmget(key, tags))) if tags else {}
+        lists: dict[str, int] = {}
+        args: list[Any] = [consumer, "" if cutoff_ms is None else int(cutoff_ms), "left" if left else "right",
+                           "1" if forget else ""]
+        for tag, value in records.items():
+            if value is None:
+                continue
+            destination, _ = parse_value(value)
+            index = lists.setdefault(destination, len(lists) + 3)
+            args += [tag, index]
+        return int(self._scripts.run("give_back", [key, self.keys.consumers, *lists], args))
