@@ -106,8 +106,8 @@ def recover(inflight: InFlight, me: str) -> int:
     for earlier in previous_runs(inflight.consumers(), me):
         n = inflight.give_back(earlier, forget=True)
         if n > 0:
-            logger.warning("celery-dlq: gave back %d message(s) left in flight by %s, an earlier run of this "
-                           "worker", n, earlier)
+            logger.warning("celery-dlq: gave back %d message(s) left in flight by %s, a worker process of this "
+                           "host that is gone", n, earlier)
         given += max(n, 0)
     return given
 

@@ -107,14 +107,13 @@ class QoS(kombu_redis.QoS):
         super().ack(delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        """One command for an in-flight message: out of this process's own hash (whatever else holds it now)."""
-        if delivery_tag not in self.channel._dlq_ours:
+        """One command for an in-flight message: out of this process's own hash (whatever else holds it now).
+        On the channel's own client, which outlives a close: a task of a lost connection still acknowledges."""
+        channel = self.channel
+        if delivery_tag not in channel._dlq_ours:
             return super()._remove_from_indices(delivery_tag, pipe)
-        self.channel._dlq_ours.discard(delivery_tag)
-        if pipe is None:
-            with self.channel.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-        return pipe.hdel(self.channel._dlq_inflight_key, delivery_tag)
+        channel._dlq_ours.discard(delivery_tag)
+        return channel._dlq_plain.pipeline(transaction=False).hdel(channel._dlq_inflight_key, delivery_tag)
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         if tag not in self.channel._dlq_ours:
@@ -157,8 +156,6 @@ class Channel(kombu_redis.Channel):
         self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
         self._dlq_wait = float(options.get(OPTION_WAIT) or 1.0)
         prefix = options.get(OPTION_PREFIX) or "celery_dlq"
-        # kombu's own clients add global_keyprefix themselves: the in-flight hash's name without it
-        self._dlq_inflight_key = Keys(prefix).inflight(self._dlq_consumer)
         self._dlq_next = FETCH
         self._dlq_took = False
         self._dlq_sent: tuple[str, list[str]] | None = None
@@ -176,6 +173,7 @@ class Channel(kombu_redis.Channel):
         self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
         self._dlq_wake_key = self._dlq_keys.fetch_wake(f"{self._dlq_consumer}:{uuid()[:8]}")
         self._dlq_inflight = InFlight(self._dlq_plain, self._dlq_keys)
+        self._dlq_inflight_key = self._dlq_keys.inflight(self._dlq_consumer)
         process.opened(self)
 
     # -- fetch ------------------------------------------------------------------

@@ -32,6 +32,8 @@ class Worker:
     options: tuple[str, ...] = ("--without-heartbeat", "--without-mingle", "--without-gossip")
     #: The app module given to ``-A`` (tests/contract/proj.py adds tasks of its own to this one's).
     app: str = "tests.integration.proj"
+    #: The pool (``solo`` runs tasks in the worker's main process).
+    pool: str = "prefork"
 
     def __init__(self, env: dict, concurrency: int = 2, name: str = "w1", log_path: Path | None = None,
                  cwd: Path = ROOT):
@@ -47,7 +49,7 @@ class Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", self.app, "worker",
-             "-P", "prefork", "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
+             "-P", self.pool, "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
              "-n", f"{self.name}@%h", *self.options, "-l", "INFO"],
             cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )

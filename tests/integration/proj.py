@@ -75,7 +75,7 @@ def record(task, **extra) -> int:
     client().rpush(f"{PREFIX}:log", json.dumps({
         "task": task.name, "id": task.request.id, "args": list(task.request.args or ()),
         "kwargs": dict(task.request.kwargs or {}), "delivery": count, "at": time.time(),
-        "retries": task.request.retries, "pid": os.getpid(), **extra,
+        "retries": task.request.retries, "pid": os.getpid(), "ppid": os.getppid(), **extra,
     }))
     return count
 
@@ -232,6 +232,14 @@ def waits_an_hour(self):
 @app.task(bind=True, base=RedeliveryTask, name="proj.sleeps")
 def sleeps(self, seconds=1.0):
     record(self)
+    time.sleep(seconds)
+    return seconds
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.long_on_redelivery")
+def long_on_redelivery(self, first=4.0, later=30.0):
+    """Sleeps ``first`` seconds on its first delivery, ``later`` on any other."""
+    seconds = first if record(self) == 1 else later
     time.sleep(seconds)
     return seconds
 
