@@ -30,7 +30,7 @@ import redis  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 __all__ = ["ROOT", "RedisServer", "BenchWorker", "Stage", "parser", "machine", "pct", "median",
-           "wait_until", "print_table"]
+           "wait_until", "print_table", "unsettled"]
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -181,6 +181,11 @@ def sample_message(app: Any, client: redis.Redis, task_name: str) -> bytes:
     element = client.lindex(scratch, 0)
     client.delete(scratch)
     return element
+
+
+def unsettled(client: redis.Redis) -> int:
+    """Messages fetched and not acknowledged: kombu's ``unacked`` hash and celery-dlq's in-flight hashes."""
+    return client.hlen("unacked") + sum(client.hlen(key) for key in client.scan_iter(match="*:inflight:*"))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.01,

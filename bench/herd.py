@@ -49,6 +49,9 @@ from celery_dlq.worker.fetch_listener import FetchListener  # noqa: E402
 from celery_dlq.worker.fetch_moves import FetchMoves  # noqa: E402
 from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402
 from celery_dlq.worker.fetch_wait import FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY  # noqa: E402
+from celery_dlq.settings import DEFAULTS  # noqa: E402
+
+INFLIGHT_LEASE = DEFAULTS["dlq_inflight_lease"]
 
 QUEUES = ("herd", "herd2")
 LISTS = QueueLists()
@@ -119,13 +122,14 @@ class DlqFetcher:
         self.lists = ordered_lists()
         self.markers = [KEYS.fetch_marker(queue) for queue in QUEUES]
         self.wake = KEYS.fetch_wake(self.ident)
-        self.fetched = KEYS.fetched(self.ident)
+        self.inflight = KEYS.inflight(self.ident)
         moves = FetchMoves(tuple(KEYS.move_keys()), 0)
         self.moves = moves
-        self.keys = [*self.lists, *(KEYS.quarantine(LISTS.queue_of(k)) for k in self.lists), "unacked",
-                     "unacked_index", self.fetched, *self.markers, KEYS.fetch_queues, KEYS.fetch_listening,
+        self.keys = [*self.lists, *(KEYS.quarantine(LISTS.queue_of(k)) for k in self.lists), self.inflight,
+                     KEYS.consumers, *self.markers, KEYS.fetch_queues, KEYS.fetch_listening,
                      *moves.keys]
         self.next, self.took, self.heard_at, self.registered_at = FETCH, False, -HEARD_FOR, -REGISTER_EVERY
+        self.beat_at = -INFLIGHT_LEASE
         #: Real workers start at different times: the first wait and beat are spread over their periods, so a
         #: window of the benchmark sees their average rates, not all of them at once (each later wait is
         #: U(0.5, 1) x MARKER_WAIT, as the transport's).
@@ -154,8 +158,11 @@ class DlqFetcher:
         if register:
             self.registered_at = clock
         moves = self.moves.args(now) if self.took else []
-        reply = await self.client.evalsha(self.sha, len(self.keys), *self.keys, len(self.lists), now,
+        beat = self.ident if clock - self.beat_at > INFLIGHT_LEASE / 3 else ""   # as worker/inflight.py
+        reply = await self.client.evalsha(self.sha, len(self.keys), *self.keys, len(self.lists), beat,
                                           len(QUEUES), int(now * 1000), register, *QUEUES, *moves)
+        if reply and beat:
+            self.beat_at = clock
         self.took = bool(reply)
         if not reply:
             if reply == 0:
@@ -166,9 +173,7 @@ class DlqFetcher:
         self.next = FETCH if more or time.monotonic() - self.heard_at >= HEARD_FOR else MARKERS
         tag = reply[3].decode()
         self.stats.took(reply[1])
-        pipe = self.client.pipeline(transaction=False)   # the transport's ack
-        pipe.hdel("unacked", tag).zrem("unacked_index", tag).srem(self.fetched, tag)
-        await pipe.execute()
+        await self.client.hdel(self.inflight, tag)   # the transport's ack
 
     async def beat(self, stop: asyncio.Event) -> None:
         """A worker without the lease: SET NX PX every interval (``redis/lease.py``)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (BenchWorker, RedisServer, Stage, machine, median, parser,  # noqa: E402
-                          print_table, process_cpu, redis_server_version, wait_until)
+                          print_table, process_cpu, redis_server_version, unsettled, wait_until)
 
 VARIANTS = ("celery", "celery_late", "dlq_nopersist", "dlq_kombufetch", "dlq")
 LABELS = {
@@ -53,7 +53,7 @@ def one_run(server: RedisServer, mode: str, n: int, run: int) -> tuple[float, fl
         main0, kids0 = worker.cpu()
         redis0 = process_cpu(server._proc.pid)
         t0 = stage.release()
-        drained = lambda: client.llen(queue) == 0 and client.hlen("unacked") == 0 \
+        drained = lambda: client.llen(queue) == 0 and unsettled(client) == 0 \
             and not client.exists(stage.aside)  # noqa: E731
         t1 = wait_until(drained, timeout=600, what=f"{n} tasks of {mode} to drain")
         main1, kids1 = worker.cpu()
