@@ -35,6 +35,7 @@ SCRIPT_NAMES = (
     "trend",
     "heartbeat",
     "give_back",
+    "mark_queues",
     "append_events",
     "chord_hold",
     "chord_settle",

@@ -2,11 +2,14 @@
 
 The fetch pops and records in one script, and a script cannot block, so an
 idle channel blocks on a wake marker per queue (``BZPOPMIN``; a ZSET with at
-most one member). This thread hears every write to the watched queues'
-lists through Redis' client tracking in broadcast mode (``CLIENT TRACKING ON
-BCAST PREFIX <queue> ... REDIRECT <id>``: invalidation messages, no server
-configuration, Redis >= 6) and writes the marker of each queue whose lists
-hold a message. Redis serves a marker's one member to
+most one member). This thread hears writes to the watched queues' lists
+through Redis' client tracking (``CLIENT TRACKING ON REDIRECT <id>``:
+invalidation messages, no server configuration, Redis >= 6) and writes the
+marker of each queue whose lists hold a message. Tracking is per key, not
+broadcast: Redis sends one invalidation at a list's next write after the
+thread read it, and none after until the thread reads it again, which it
+does whenever it looks at the list (``lua/mark_queues.lua``). So however
+busy a queue, the thread hears about as many writes as it makes looks. Redis serves a marker's one member to
 one blocked client, so a message wakes one idle worker however many wait,
 as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
 queue again if another message is left, waking the next.
@@ -46,6 +49,7 @@ from typing import Any, Callable, Iterable
 import redis
 
 from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.redis.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -65,23 +69,14 @@ WINDOW = 0.05
 REFUSED_WAIT = 60.0
 
 
-def prefixes(names: Iterable[str]) -> list[str]:
-    """The fewest prefixes covering ``names``: Redis refuses two tracked prefixes where one starts the other."""
-    kept: list[str] = []
-    for name in sorted(set(names)):
-        if not any(name.startswith(prefix) for prefix in kept):
-            kept.append(name)
-    return kept
-
-
 def tracking_on(info: Any, redirect: int) -> bool:
-    """Whether a ``CLIENT TRACKINGINFO`` reply (RESP2: a flat list of pairs) says broadcast tracking to
+    """Whether a ``CLIENT TRACKINGINFO`` reply (RESP2: a flat list of pairs) says per-key tracking to
     ``redirect`` is on and its redirect alive."""
     fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
     flags = {bytes(flag) if isinstance(flag, (bytes, bytearray)) else str(flag).encode()
              for flag in fields.get(b"flags", fields.get("flags", []))}
     target = fields.get(b"redirect", fields.get("redirect"))
-    return b"on" in flags and b"bcast" in flags and b"broken_redirect" not in flags and target == redirect
+    return b"on" in flags and b"bcast" not in flags and b"broken_redirect" not in flags and target == redirect
 
 
 class Coalescer:
@@ -136,6 +131,7 @@ class FetchListener(threading.Thread):
         #: full list name -> its queue's marker, for every queue heard
         self.watched: dict[str, str] = {}
         self.signalled = 0
+        self._scripts: Scripts | None = None   # on the tracking connection
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
@@ -225,12 +221,8 @@ class FetchListener(threading.Thread):
 
     def _track(self, tracker: Any, redirect: int, queues: frozenset[str]) -> None:
         self.watched = {key: self.keys.fetch_marker(queue) for queue in queues for key in self.lists.keys(queue)}
-        names = prefixes(self.lists.global_keyprefix + queue for queue in queues)
         tracker.execute_command("CLIENT", "TRACKING", "OFF")
-        args: list[Any] = ["CLIENT", "TRACKING", "ON", "REDIRECT", redirect, "BCAST"]
-        for name in names:
-            args += ["PREFIX", name]
-        tracker.execute_command(*args, "NOLOOP")
+        tracker.execute_command("CLIENT", "TRACKING", "ON", "REDIRECT", redirect, "NOLOOP")
 
     def _registered(self, message: Any) -> bool:
         channel = message.get("channel") if message else None
@@ -253,33 +245,22 @@ class FetchListener(threading.Thread):
         return written
 
     def _mark(self, tracker: Any, lists: set[str]) -> None:
-        """Write the marker of the queue of each of ``lists`` (a push was heard to each)."""
-        markers = sorted({self.watched[key] for key in lists})
-        if markers:
-            pipe = tracker.pipeline(transaction=False)
-            for marker in markers:
-                pipe.zadd(marker, {"m": 0})
-            pipe.execute()
-            self.signalled += len(markers)
+        """Write the marker of the queue of each of ``lists`` (a push was heard to each), and arm them."""
+        self._run(tracker, lists, force=True)
 
     def _signal(self, tracker: Any, lists: set[str]) -> None:
-        """Write the marker of each queue one of ``lists`` holds a message of (not one script: EXISTS, then
-        ZADD where it holds one; a pop in between costs one idle worker a fetch that finds nothing)."""
-        if not lists:
-            return
+        """Write the marker of each queue one of ``lists`` holds a message of, and arm them."""
+        self._run(tracker, lists, force=False)
+
+    def _run(self, tracker: Any, lists: set[str], force: bool) -> None:
+        """``mark_queues.lua`` on the tracking connection (its reads arm the lists), :data:`BATCH` lists a call."""
         ordered = sorted(lists)
+        scripts = Scripts(tracker) if self._scripts is None or self._scripts.client is not tracker else self._scripts
+        self._scripts = scripts
         for start in range(0, len(ordered), BATCH):
             part = ordered[start:start + BATCH]
-            pipe = tracker.pipeline(transaction=False)
-            for key in part:
-                pipe.exists(key)
-            markers = {self.watched[key] for key, held in zip(part, pipe.execute()) if held}
-            if markers:
-                pipe = tracker.pipeline(transaction=False)
-                for marker in sorted(markers):
-                    pipe.zadd(marker, {"m": 0})
-                pipe.execute()
-                self.signalled += len(markers)
+            self.signalled += int(scripts.run("mark_queues", [*part, *(self.watched[key] for key in part)],
+                                              ["1" if force else ""]))
 
     # -- the end ------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The fetch's wake markers and the listener's pieces: one message marks its queue once, an empty fetch
-clears its markers and says whether a listener hears it; the prefixes and tracking checks are pure."""
+clears its markers and says whether a listener hears it; the tracking check is pure."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from celery_dlq.redis.keys import Keys, QueueLists
-from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, prefixes, tracking_on
+from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, tracking_on
 from tests.unit.test_fetch import celery_message, fetch
 
 
@@ -75,22 +75,13 @@ def test_a_fetch_that_takes_a_message_leaves_the_markers_alone(any_redis, unique
         any_redis.delete(q, keys.fetch_marker(q), keys.inflight("c1"))
 
 
-@pytest.mark.parametrize("names, expected", [
-    (["celery", "celery.second", "b", "a"], ["a", "b", "celery"]),
-    (["ab", "a", "abc"], ["a"]),
-    (["x"], ["x"]),
-    ([], []),
-])
-def test_tracked_prefixes_never_overlap(names, expected):
-    assert prefixes(names) == expected
-
-
-def test_tracking_is_on_only_in_broadcast_mode_to_our_redirect():
-    info = [b"flags", [b"on", b"bcast", b"noloop"], b"redirect", 7, b"prefixes", [b"q"]]
+def test_tracking_is_on_only_per_key_to_our_redirect():
+    info = [b"flags", [b"on", b"noloop"], b"redirect", 7, b"prefixes", []]
     assert tracking_on(info, 7)
     assert not tracking_on(info, 8)
     assert not tracking_on([b"flags", [b"off"], b"redirect", -1, b"prefixes", []], 7)
-    assert not tracking_on([b"flags", [b"on", b"bcast", b"broken_redirect"], b"redirect", 7], 7)
+    assert not tracking_on([b"flags", [b"on", b"broken_redirect"], b"redirect", 7], 7)
+    assert not tracking_on([b"flags", [b"on", b"bcast"], b"redirect", 7], 7)   # an older listener's mode
 
 
 def test_every_push_is_marked_at_once_and_the_pop_a_marking_wakes_is_looked_at_when_its_window_ends():
