@@ -26,6 +26,7 @@ from celery import bootsteps
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
+from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.redis import metrics, trends
@@ -68,8 +69,7 @@ class MoverThread(threading.Thread):
             if len(runtime.sharded.all) == 1 else None   # with several shards the holder never blocks
         lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
                            settings.heartbeat_interval, blocking)
-        self.beats = Beats(InFlight(runtime.broker, Keys(settings.key_prefix, runtime.lists.global_keyprefix)),
-                           settings.inflight_lease) if uses_fetch(app) else None
+        self.beats = in_flight_beats(runtime)
         self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters,
                                    each=self.beats.tick if self.beats is not None else lambda holds: None)
         self.turns = MoverTurns(lease, self._stop_event, self.interval, self.heartbeat.holder)
@@ -328,6 +328,17 @@ class MoverThread(threading.Thread):
             return False
         self.runtime.broker.lpush(direct.dest, direct.element)
         return True
+
+
+def in_flight_beats(runtime: Runtime) -> Beats | None:
+    """This worker's in-flight beats and sweeps, on a Redis broker: a worker fetching with kombu's own
+    transport holds the mover lease as often as any, and must sweep too."""
+    try:
+        broker = runtime.broker
+    except BrokerNotSupported:
+        return None
+    keys = Keys(runtime.settings.key_prefix, runtime.lists.global_keyprefix)
+    return Beats(InFlight(broker, keys), runtime.settings.inflight_lease)
 
 
 def flush_counts(runtime: Runtime) -> None:

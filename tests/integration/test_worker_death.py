@@ -156,3 +156,26 @@ def test_a_redis_restart_while_a_dead_workers_messages_wait_loses_nothing(tmp_pa
     finally:
         harness.close()
         server.stop()
+
+
+def test_beside_a_worker_on_kombus_fetch_nothing_is_lost_or_run_twice_and_it_sweeps_too(harness):
+    """A mixed deployment: worker A fetches with kombu's own transport (its messages in kombu's ``unacked``,
+    its visibility timeout), B with celery-dlq's. A holds the mover lease, so A sweeps B's messages after B dies."""
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps(SHORT)
+    kombu_side = harness.worker(concurrency=2, name="a", DLQ_TEST_CONF=json.dumps({**SHORT,
+                                                                                  "dlq_fetch_transport": False}))
+    kombu_side.wait_for_log("this worker moves due messages now")
+    side_queue = f"{harness.queue}b"
+    dlq_side = harness.worker(concurrency=2, name="b", DLQ_TEST_QUEUE=f"{harness.queue},{side_queue}")
+    ids = [harness.send("proj.sleeps", args=(0.05,)).id for _ in range(100)]
+    harness.wait_until(lambda: all(harness.deliveries(t) for t in ids), timeout=60, message="all 100 ran")
+    assert {row["ppid"] for row in harness.deliveries()} == {kombu_side.proc.pid, dlq_side.proc.pid}
+    long = harness.app.send_task("proj.sleeps", args=(60,), queue=side_queue)   # only B consumes it
+    started(harness, long.id, 1)
+    kill_hard(dlq_side)
+    harness.wait_until(lambda: harness.redis.llen(side_queue) == 1, timeout=10,
+                       message="B's message given back by A, the kombu-fetch worker holding the mover lease")
+    assert json.loads(harness.redis.lindex(side_queue, 0))["headers"]["id"] == long.id
+    harness.wait_until(lambda: harness.in_flight() == 0, message="nothing else in flight")
+    assert all(len(harness.deliveries(t)) == 1 for t in ids), "each ran exactly once"
+    stop_all(harness)
