@@ -22,7 +22,7 @@ from celery_dlq.redis.store import to_ms
 #: The holder checks with a script that the lease is still its own every this many beats; the beats
 #: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another
 #: worker took meanwhile, is a second mover for at most this many beats: safe (a claim is a lease of its own).
-VERIFY_EVERY = 4
+VERIFY_EVERY = 8
 
 
 class MoverLease:
