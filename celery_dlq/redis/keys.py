@@ -186,7 +186,7 @@ class Keys:
 
     def fetch_marker(self, queue: str) -> str:
         """ZSET with at most one member, on the broker's Redis: written by the fetch listener when ``queue``'s
-        lists hold a message (``fetch_signal.lua``); an idle fetch blocks on it (``BZPOPMIN``), so one
+        lists hold a message (``mark_queues.lua``); an idle fetch blocks on it (``BZPOPMIN``), so one
         message wakes one worker, and deleted by a fetch that finds the queue empty."""
         return f"{self.base}:marker:{queue}"
 
