@@ -126,6 +126,7 @@ def test_a_sharded_store_spreads_over_every_master_and_every_tool_reads_all_of_i
 
 
 def store_keys_on_broker(harness, pattern: str) -> list[bytes]:
-    """Keys matching ``pattern`` on the broker but the fetch's own (its registry, listener set, markers)."""
-    fetch = (b":fetch:", b":marker:", b":fetchwake:")
+    """Keys matching ``pattern`` on the broker but the fetch's own (its registry, listener set, markers, the
+    in-flight records and the consumers' beats)."""
+    fetch = (b":fetch:", b":marker:", b":fetchwake:", b":inflight:", b":consumers")
     return [key for key in harness.redis.keys(pattern) if not any(part in key for part in fetch)]
