@@ -3,8 +3,9 @@
 Every worker beats every ``dlq_heartbeat_interval`` seconds
 (:class:`celery_dlq.worker.heartbeat.Heartbeat`). A worker without the
 lease tries to take it (``SET NX PX``: one command); the holder renews it
-(a plain ``PEXPIRE``, and every :data:`VERIFY_EVERY` beats
-``lua/heartbeat.lua``, which renews only its own lease). The lease lives
+every :data:`RENEW_EVERY` beats (a plain ``PEXPIRE``, and every
+:data:`VERIFY_EVERY` beats ``lua/heartbeat.lua``, which renews only its
+own lease). The lease lives
 ``dlq_mover_lease`` minus one interval, so whichever workers die (the
 holder, any others, all but one), a survivor's next beat takes it within
 ``dlq_mover_lease`` of the holder's last beat. The key lives in the home
@@ -23,6 +24,10 @@ from celery_dlq.redis.store import to_ms
 #: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another
 #: worker took meanwhile, is a second mover for at most this many beats: safe (a claim is a lease of its own).
 VERIFY_EVERY = 8
+#: Where the lease outlives three intervals (``dlq_mover_lease`` at least four; the default is four), the
+#: holder renews every second beat: the lease still has one interval to spare at each renewal, and a worker
+#: at rest spends half the commands. Where it does not, every beat.
+RENEW_EVERY = 2
 
 
 class MoverLease:
@@ -35,6 +40,7 @@ class MoverLease:
         self.blocking = blocking if blocking is not None else client
         self.held = False
         self._beats = 0
+        self._renew_every = RENEW_EVERY if lease - interval >= (RENEW_EVERY + 1) * interval - 1e-9 else 1
         self._scripts = Scripts(client)
 
     @property
@@ -49,6 +55,8 @@ class MoverLease:
             self.held, self._beats = bool(self.client.set(key, self.ident, nx=True, px=self.ttl_ms)), 0
             return self.held
         self._beats += 1
+        if self._beats % self._renew_every:
+            return self.held
         if self._beats % VERIFY_EVERY:
             self.held = bool(self.client.pexpire(key, self.ttl_ms))
         else:

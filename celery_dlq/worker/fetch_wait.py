@@ -12,7 +12,7 @@ MARKER_WAIT = 20.0
 #: empties its lists then waits on the markers without asking again, and a wait that timed out waits again
 #: without a fetch while less than HEARD_FOR - MARKER_WAIT has passed (an idle channel fetches every second
 #: timeout, which keeps it believed).
-HEARD_FOR = 45.0
+HEARD_FOR = 65.0
 #: For this long after a channel starts (a worker's start, a reconnect after a failover) its marker waits last
 #: at most ``dlq_fetch_wait``: a failover's new master holds the old master's listening set, and the listener
 #: needs a few seconds to track the new one.

@@ -27,12 +27,22 @@ def lease(redis_server, keys, ident, ttl=10.0, interval=2.0):
     return MoverLease(redis.Redis.from_url(redis_server.url), keys, ident, ttl, interval)
 
 
+def test_the_holder_renews_every_beat_where_the_lease_has_no_interval_to_spare(redis_server, keys):
+    a = lease(redis_server, keys, "a", ttl=6.0, interval=2.0)     # 4 s to live: two beats would leave none
+    assert a.beat()
+    a.client.pexpire(keys.mover_lease, 1_000)
+    assert a.beat() and a.client.pttl(keys.mover_lease) > 3_900
+
+
 def test_the_first_to_beat_holds_the_lease_and_whoever_beats_next_takes_it_when_it_expires(redis_server, keys):
     a, b, c = (lease(redis_server, keys, name) for name in "abc")
     assert a.beat() and not b.beat() and not c.beat()
     for _ in range(2 * VERIFY_EVERY):
         assert a.beat()                                           # renewed (PEXPIRE, and the script in turn)
     assert 7_900 < a.client.pttl(keys.mover_lease) <= 8_000      # dlq_mover_lease - one interval
+    a.client.pexpire(keys.mover_lease, 5_000)
+    assert a.beat() and a.client.pttl(keys.mover_lease) <= 5_000   # every second beat renews (10 s >= 4 x 2 s)
+    assert a.beat() and a.client.pttl(keys.mover_lease) > 7_900
     a.client.delete(keys.mover_lease)                             # the holder died and its lease expired
     assert c.beat() and not b.beat()                              # any survivor, whoever beats first
     c.release()
@@ -45,7 +55,7 @@ def test_a_holder_that_lost_its_lease_to_another_finds_out_at_its_next_check(red
     assert a.beat()
     a.client.set(keys.mover_lease, "b", px=8_000)                 # a stalled past its lease; b took it
     b.held = True
-    results = [a.beat() for _ in range(VERIFY_EVERY)]
+    results = [a.beat() for _ in range(VERIFY_EVERY)]   # the eighth beat verifies
     assert results[-1] is False and not a.held                    # the script says so
     assert a.client.get(keys.mover_lease) == b"b"                 # and a never took b's lease
     a.release()
