@@ -89,6 +89,18 @@ def stamp(sent_at):
     client().rpush(f"{PREFIX}:pickup", f"{time.time() - sent_at:.6f}")
 
 
+@app.task(bind=True, base=Base, name="bench.sleeps")
+def sleeps(self, token, seconds):
+    """A long task (bench/recovery.py): records each start in ``{PREFIX}:starts:<token>`` (unix time, the
+    worker's node name and main pid, celery-dlq's delivery count), then waits ``seconds`` or until the
+    benchmark pushes to ``{PREFIX}:release:<token>`` (one BLPOP, on a client whose socket timeout outlasts it)."""
+    record = {"at": time.time(), "worker": self.request.hostname, "pid": os.getppid(),
+              "delivery": delivery_count(self.request) if DLQ else None}
+    client().rpush(f"{PREFIX}:starts:{token}", json.dumps(record))
+    with redis.Redis.from_url(BROKER, socket_timeout=seconds + 30) as waiting:
+        waiting.blpop([f"{PREFIX}:release:{token}"], timeout=seconds)
+
+
 if DLQ:
     @app.task(bind=True, base=Base, name="bench.flaky",
               redelivery_policy={"redelivery_delay": FLAKY_DELAY, "max_delivery_attempts": ATTEMPTS})
