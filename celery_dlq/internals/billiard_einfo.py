@@ -55,9 +55,23 @@ class _WithoutPositions:
         return iter(())
 
 
+#: Positions already looked up, by code object and offset: the same frames fail again and again, and a
+#: lookup decodes the position table from the start (a code object's positions never change).
+_positions: dict[tuple[int, int], tuple[Any, tuple]] = {}
+_POSITIONS_KEPT = 4096
+
+
 def position_at(code: Any, lasti: int) -> tuple:
     """The position of the instruction at byte offset ``lasti`` (what ``traceback`` looks up), or unknown."""
-    return next(itertools.islice(code.co_positions(), max(lasti, 0) // 2, None), UNKNOWN)
+    key = (id(code), lasti)
+    cached = _positions.get(key)
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    position = next(itertools.islice(code.co_positions(), max(lasti, 0) // 2, None), UNKNOWN)
+    if len(_positions) >= _POSITIONS_KEPT:
+        _positions.clear()
+    _positions[key] = (code, position)
+    return position
 
 
 def _compact_classes() -> tuple[type, type]:

@@ -68,3 +68,11 @@ def test_a_frame_keeps_one_position_instead_of_the_whole_table():
 def test_it_is_installed_once():
     compact_tracebacks()
     assert compact_tracebacks() is False
+
+
+def test_a_position_looked_up_again_is_the_same_and_every_offset_matches_the_table():
+    code = big_function.__code__
+    table = list(code.co_positions())
+    for lasti in range(0, 2 * len(table), 2):
+        assert position_at(code, lasti) == table[lasti // 2] == position_at(code, lasti)   # computed, then cached
+    assert position_at(caller.__code__, 0) == next(caller.__code__.co_positions())       # keyed by code object
