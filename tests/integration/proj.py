@@ -236,6 +236,16 @@ def sleeps(self, seconds=1.0):
     return seconds
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.burns")
+def burns(self, seconds=1.0):
+    """Keeps a CPU busy for ``seconds`` (a pool child at 100%)."""
+    record(self)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return seconds
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.long_on_redelivery")
 def long_on_redelivery(self, first=4.0, later=30.0):
     """Sleeps ``first`` seconds on its first delivery, ``later`` on any other."""

@@ -75,18 +75,19 @@ def test_a_killed_workers_task_starts_on_a_live_worker_within_the_default_bound(
     stop_all(harness)
 
 
-@pytest.mark.parametrize("pool", ["prefork", "solo"])
-def test_a_task_running_ten_times_the_lease_on_a_live_worker_runs_once(harness, pool):
-    """Under solo the task sleeps in the worker's main process (a long C call); the beat is a thread of its own."""
+@pytest.mark.parametrize("pool, task", [("prefork", "proj.sleeps"), ("prefork", "proj.burns"), ("solo", "proj.sleeps")])
+def test_a_task_running_ten_times_the_lease_on_a_live_worker_runs_once(harness, pool, task):
+    """``proj.burns`` keeps its pool child at 100% CPU; under solo the task sleeps in the worker's main process
+    (a long C call that releases the GIL). The beat is a thread of its own in the main process."""
     harness.extra_env["DLQ_TEST_CONF"] = json.dumps(SHORT)
     harness.worker_cls = type("PoolWorker", (Worker,), {"pool": pool})
     harness.worker(concurrency=1, name="a")
     harness.worker(concurrency=1, name="b")
-    task = harness.send("proj.sleeps", args=(10,))
-    harness.wait_until(lambda: harness.deliveries(task.id) and harness.in_flight() == 0, timeout=40,
+    sent = harness.send(task, args=(10,))
+    harness.wait_until(lambda: harness.deliveries(sent.id) and harness.in_flight() == 0, timeout=40,
                        message="the 10 s task done and acknowledged")
     harness.after_a_mover_pass()
-    assert [row["delivery"] for row in harness.deliveries(task.id)] == [1]
+    assert [row["delivery"] for row in harness.deliveries(sent.id)] == [1]
     assert harness.redis.llen(harness.queue) == 0 and harness.in_flight() == 0
 
 
