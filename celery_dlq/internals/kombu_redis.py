@@ -32,6 +32,7 @@ FETCH = Feature(
         Internal(_QOS, "restore_by_tag", METHOD, "gives an in-flight message back (requeue, close)", ("self", "tag")),
         Internal(_QOS, "restore_unacked", METHOD, "the close path, made to never raise", ("self", "client")),
         Internal(f"{_VIRTUAL}:QoS", "_delivered", INSTANCE_ATTRIBUTE, "the tags a channel holds unacknowledged"),
+        Internal(f"{_VIRTUAL}:QoS", "_dirty", INSTANCE_ATTRIBUTE, "the tags acknowledged, not yet forgotten"),
     ),
 )
 
@@ -54,6 +55,12 @@ def deliver(channel: Any, message: Any, queue: str) -> None:
 def held_tags(qos: Any) -> list[str]:
     """The delivery tags a channel's QoS holds unacknowledged."""
     return list(qos._delivered)
+
+
+def unsettled_tags(qos: Any) -> set[str]:
+    """The tags a channel's QoS holds and has not acknowledged (kombu forgets acknowledged ones at its next
+    fetch, which an idle channel may not make for a while)."""
+    return set(qos._delivered) - set(qos._dirty)
 
 
 def forget_held(qos: Any, tag: str) -> None:

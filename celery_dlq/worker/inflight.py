@@ -25,7 +25,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from celery_dlq.internals.kombu_redis import held_tags
+from celery_dlq.internals.kombu_redis import unsettled_tags
 from celery_dlq.redis.inflight import InFlight
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def held() -> set[str]:
         tags.update(channel._dlq_recorded)
         qos = channel.__dict__.get("_qos")
         if qos is not None:
-            tags.update(held_tags(qos))
+            tags.update(unsettled_tags(qos))
     return tags
 
 
