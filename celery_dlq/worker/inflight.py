@@ -79,7 +79,8 @@ def beaten(at: float | None = None) -> None:
 
 
 def previous_runs(consumers: list[tuple[str, int]], me: str) -> list[str]:
-    """Consumers of this host whose process is gone: earlier runs of a restarted worker (no lease to wait for).
+    """Consumers of this host whose process is gone, a restarted worker's earlier runs among them (no lease to
+    wait for).
 
     A consumer id is ``host:pid:random``. Same host and a pid that is not
     running, or this process's own pid under another id (a container that
@@ -98,7 +99,7 @@ def previous_runs(consumers: list[tuple[str, int]], me: str) -> list[str]:
 
 def recover(inflight: InFlight, me: str) -> int:
     """Give back what consumer ``me`` (this process) holds in flight but no live channel of it holds (a reply
-    lost with a connection), and what earlier runs of this worker on this host left; how many went back."""
+    lost with a connection), and what gone worker processes of this host left; how many went back."""
     orphans = sorted(set(inflight.tags(me)) - held())
     given = inflight.give_back(me, orphans) if orphans else 0
     if given:
