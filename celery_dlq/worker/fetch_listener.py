@@ -9,8 +9,8 @@ marker of each queue whose lists hold a message. Tracking is per key, not
 broadcast: Redis sends one invalidation at a list's next write after the
 thread read it, and none after until the thread reads it again, which it
 does whenever it looks at the list (``lua/mark_queues.lua``). So however
-busy a queue, the thread hears about as many writes as it makes looks. Redis serves a marker's one member to
-one blocked client, so a message wakes one idle worker however many wait,
+busy a queue, the thread hears about as many writes as it makes looks.
+Redis serves a marker's one member to one blocked client, so a message wakes one idle worker however many wait,
 as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
 queue again if another message is left, waking the next.
 
