@@ -10,9 +10,10 @@ broadcast: Redis sends one invalidation at a list's next write after the
 thread read it, and none after until the thread reads it again, which it
 does whenever it looks at the list (``lua/mark_queues.lua``). So however
 busy a queue, the thread hears about as many writes as it makes looks.
-Redis serves a marker's one member to one blocked client, so a message wakes one idle worker however many wait,
-as kombu's ``BRPOP`` does; that worker's pop is heard too and marks the
-queue again if another message is left, waking the next.
+Redis serves a marker's one member to one blocked client, so a message
+wakes one idle worker however many wait, as kombu's ``BRPOP`` does; that
+worker's pop is heard too and marks the queue again if another message is
+left, waking the next.
 
 What a message costs the listener (:class:`Coalescer`): a write heard to a
 list is marked at once (one ``ZADD``: a push), except the first write heard
