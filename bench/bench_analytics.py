@@ -50,8 +50,8 @@ import pyarrow.parquet as pq  # noqa: E402
 import redis  # noqa: E402
 
 from celery_dlq.analytics.export import export_events  # noqa: E402
-from celery_dlq.redis.archive import Event, EventLog  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
+from celery_dlq.storage.archive import Event, EventLog  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 AS_OF = datetime(2024, 6, 1, tzinfo=timezone.utc)

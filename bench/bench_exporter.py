@@ -10,7 +10,7 @@ times scrapes:
 
 - ``collect``: ``DLQCollector`` with the exporter's own clients, rendered to
   Prometheus' text format (``generate_latest``), in this process;
-- ``http``: a GET of ``/metrics`` from :func:`celery_dlq.metrics.serve`;
+- ``http``: a GET of ``/metrics`` from :func:`celery_dlq.exporter.serve`;
 - ``http, +200k keys``: the same after 200,000 unrelated keys are added (the
   delivery counters and audit markers a busy worker fleet keeps, or a result
   backend's keys);
@@ -40,10 +40,10 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from bench.common import (RedisServer, machine, parser, redis_server_version, timed_call,  # noqa: E402
                           timed_runs)
 from celery_dlq import headers as H  # noqa: E402
-from celery_dlq.metrics import DLQCollector, serve  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
-from celery_dlq.redis.metrics import Metric, field  # noqa: E402
-from celery_dlq.redis.store import DelayedStore  # noqa: E402
+from celery_dlq.exporter import DLQCollector, serve  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
+from celery_dlq.storage.totals import Metric, field  # noqa: E402
+from celery_dlq.storage.store import ParkedStore  # noqa: E402
 
 TARGET_MS = 50.0
 PREFIX = "bench"
@@ -81,7 +81,7 @@ def fill_dlqs(client: redis.Redis, dlqs: int, depth: int) -> int:
 
 def fill_store_and_counters(client: redis.Redis, keys: Keys, dlqs: int) -> int:
     """1,000 parked retries (100 overdue) over the queues, and the counters; returns the label sets."""
-    store = DelayedStore(client, keys)
+    store = ParkedStore(client, keys)
     now = time.time()
     for i in range(1000):
         store.park(f"p-{i}", b"payload", f"{PREFIX}{i % dlqs:02d}", due=now - 600 if i < 100 else now + 3600)

@@ -39,7 +39,7 @@ import redis  # noqa: E402
 from celery import Celery, chord  # noqa: E402
 
 from bench.common import ROOT, RedisServer, machine, parser, redis_server_version, wait_until  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
 
 DEAD = 10
 

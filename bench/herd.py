@@ -42,9 +42,9 @@ import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
 from bench.common import RedisServer, machine, median, parser, pct, print_table  # noqa: E402
-from celery_dlq.redis.keys import Keys, QueueLists  # noqa: E402
-from celery_dlq.redis.lease import MoverLease  # noqa: E402
-from celery_dlq.redis.scripts import script_source  # noqa: E402
+from celery_dlq.storage.keys import Keys, QueueLists  # noqa: E402
+from celery_dlq.storage.lease import MoverLease  # noqa: E402
+from celery_dlq.storage.scripts import script_source  # noqa: E402
 from celery_dlq.worker.fetch_listener import FetchListener  # noqa: E402
 from celery_dlq.worker.fetch_moves import FetchMoves  # noqa: E402
 from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402

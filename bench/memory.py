@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (BenchWorker, RedisServer, machine, parser,  # noqa: E402
                           print_table, publish, redis_server_version, sample_message, wait_until)
-from celery_dlq.redis.store import DirectPayload  # noqa: E402
+from celery_dlq.storage.store import DirectPayload  # noqa: E402
 
 MB = 1024 * 1024
 WARMUP = 200

@@ -68,7 +68,7 @@ def sample_payload(app, client) -> bytes:
     """A parked copy as the engine writes it on a Redis broker: a real noop element with redelivery headers."""
     from celery_dlq import headers as H
     from celery_dlq.element import redelivery_element
-    from celery_dlq.redis.store import DirectPayload
+    from celery_dlq.storage.store import DirectPayload
 
     app.send_task("bench.noop", args=(1,), queue="bench.sample")
     raw = json.loads(client.rpop("bench.sample"))
@@ -85,7 +85,7 @@ def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
     ``expires``: each entry has an expiry a day away (a message sent with Celery's ``expires``), so the
     move looks it up and deletes it with the entry.
     """
-    from celery_dlq.redis.store import to_ms
+    from celery_dlq.storage.store import to_ms
 
     script = dlq.store._scripts.get("park")
     keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
@@ -146,7 +146,7 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
     import redis
 
     from celery_dlq.worker.runtime import runtime_of
-    from celery_dlq.redis.store import to_ms
+    from celery_dlq.storage.store import to_ms
 
     app = make_app(url, "b4raw")
     dlq = runtime_of(app)
@@ -154,7 +154,7 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
     client.flushdb()
     park_all(dlq, n, payload)
     move = client.register_script(RAW_MOVE)
-    keys = [dlq.keys.delayed, dlq.keys.payloads, QUEUE]
+    keys = [dlq.keys.schedule, dlq.keys.payloads, QUEUE]
     t0 = time.perf_counter()
     while move(keys=keys, args=[to_ms(time.time()), BATCH]) == BATCH:
         pass

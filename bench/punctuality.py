@@ -42,7 +42,7 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
     What the engine parks on a Redis broker (the direct format); for the raw
     side the element alone, which the raw move pushes as it is.
     """
-    from celery_dlq.redis.store import DirectPayload, to_ms
+    from celery_dlq.storage.store import DirectPayload, to_ms
 
     direct = DirectPayload.loads(payload)
     doc = json.loads(direct.element)
@@ -81,7 +81,7 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
     import redis
 
     from celery_dlq.worker.runtime import runtime_of
-    from celery_dlq.redis.store import to_ms
+    from celery_dlq.storage.store import to_ms
 
     prefix = f"b5{side}"
     client = redis.Redis.from_url(url)
@@ -96,7 +96,7 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
     else:
         move = client.register_script(RAW_MOVE)
         dlq.store  # connects, and so defines dlq.keys
-        keys = [dlq.keys.delayed, dlq.keys.payloads, QUEUE]
+        keys = [dlq.keys.schedule, dlq.keys.payloads, QUEUE]
 
         def raw_mover() -> None:
             while not stop.wait(INTERVAL):

@@ -52,7 +52,7 @@ from celery import Celery  # noqa: E402
 from kombu.transport.redis import Channel  # noqa: E402
 
 from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
 
 QUEUE = "rq"
 LONG, DUPLICATE_TASK = 3600, 90   # seconds: the long tasks (released by the benchmark); the live pairs' task

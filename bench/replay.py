@@ -38,9 +38,9 @@ from bench.common import ROOT, RedisServer, machine, parser, redis_server_versio
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.fingerprint import group_id  # noqa: E402
 from celery_dlq.message import Envelope, payload_hash  # noqa: E402
-from celery_dlq.redis import groups  # noqa: E402
-from celery_dlq.redis.keys import QueueLists  # noqa: E402
-from celery_dlq.redis.scripts import Scripts  # noqa: E402
+from celery_dlq.storage import groups  # noqa: E402
+from celery_dlq.storage.keys import QueueLists  # noqa: E402
+from celery_dlq.storage.scripts import Scripts  # noqa: E402
 
 TARGET = 10_000.0
 LISTS = QueueLists()

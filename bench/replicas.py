@@ -1,7 +1,7 @@
 """What ``dlq_store_min_replicas`` (``WAIT 1``) costs a park: a master and a replica on loopback ports.
 
 Parks N entries (a 1 kB payload, with an archive event, as the engine parks
-them) through ``DelayedStore.park`` with no WAIT and with ``WAIT 1 1000``
+them) through ``ParkedStore.park`` with no WAIT and with ``WAIT 1 1000``
 after each park, in interleaved rounds (3; 1 with --quick), and prints the
 medians of both sides, per park, and their ratio. The replica runs on the
 same 2-core machine, so the round trip WAIT adds is a loopback one: across a
@@ -18,15 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 
 from bench.common import median, parser, print_table  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
-from celery_dlq.redis.replication import Replication  # noqa: E402
-from celery_dlq.redis.store import DelayedStore  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
+from celery_dlq.storage.replication import Replication  # noqa: E402
+from celery_dlq.storage.store import ParkedStore  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 PAYLOAD = b"x" * 1000
 
 
-def park_all(store: DelayedStore, n: int, round_no: int, side: str) -> float:
+def park_all(store: ParkedStore, n: int, round_no: int, side: str) -> float:
     started = time.perf_counter()
     due = time.time() + 3600
     for i in range(n):
@@ -45,8 +45,8 @@ def main() -> None:
         while redis.Redis(port=replica.port).info("replication").get("master_link_status") != "up":
             time.sleep(0.05)
         keys = Keys("bench")
-        plain = DelayedStore(client, keys)
-        waiting = DelayedStore(client, keys, replication=Replication(client, 1, 1.0))
+        plain = ParkedStore(client, keys)
+        waiting = ParkedStore(client, keys, replication=Replication(client, 1, 1.0))
         results: dict[str, list[float]] = {"no WAIT": [], "WAIT 1": []}
         for r in range(rounds):
             for side, store in (("no WAIT", plain), ("WAIT 1", waiting)) if r % 2 == 0 else \

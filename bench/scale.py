@@ -99,7 +99,7 @@ class Monitor(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        from celery_dlq.redis.scripts import script_source
+        from celery_dlq.storage.scripts import script_source
 
         self.url, self.stop_flag, self.count, self.by = url, False, 0, {}
         #: The workers' heartbeats (SET NX / PEXPIRE of the lease, the holder's check script): per worker.

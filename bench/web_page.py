@@ -40,9 +40,9 @@ from celery import Celery  # noqa: E402
 from bench.common import RedisServer, machine, parser, pct, redis_server_version, timed_call  # noqa: E402
 from bench.replay import fill  # noqa: E402
 from celery_dlq.fingerprint import group_id  # noqa: E402
-from celery_dlq.redis import trends  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
-from celery_dlq.redis.scripts import Scripts  # noqa: E402
+from celery_dlq.storage import trends  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
+from celery_dlq.storage.scripts import Scripts  # noqa: E402
 from celery_dlq.web import create_app  # noqa: E402
 from tests.redis_server import free_port  # noqa: E402
 

@@ -2,10 +2,10 @@
 
 * :mod:`~celery_dlq.analytics.export` copies the event archive (and with
   ``--snapshot`` the DLQs) to Parquet with pyarrow alone, no JVM; its Arrow
-  schema is derived from :data:`celery_dlq.redis.archive.SCHEMA`;
+  schema is derived from :data:`celery_dlq.storage.archive.SCHEMA`;
 * :mod:`~celery_dlq.analytics.report` computes the failure report and the
   replay plan from an exported archive with the DataFrame API
-  (:mod:`~celery_dlq.analytics.metrics`: the numbers and the Spark schema,
+  (:mod:`~celery_dlq.analytics.figures`: the numbers and the Spark schema,
   derived from the same ``SCHEMA``);
 * :mod:`~celery_dlq.analytics.session` builds a quiet local SparkSession, or
   takes the one ``spark-submit`` made;

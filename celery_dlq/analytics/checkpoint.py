@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 from celery_dlq.analytics.fs import read_bytes, write_bytes
 from celery_dlq.errors import ExportError
 from celery_dlq.message import as_text
-from celery_dlq.redis.archive import parse_id
+from celery_dlq.storage.archive import parse_id
 
 logger = logging.getLogger(__name__)
 

@@ -51,8 +51,8 @@ from celery_dlq.analytics.checkpoint import Checkpoint, StreamState, checkpoint_
 from celery_dlq.analytics.fs import filesystem
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.ops.operator import Operator
-from celery_dlq.redis.shards import ShardedStore
-from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
+from celery_dlq.storage.shards import ShardedStore
+from celery_dlq.storage.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ SNAPSHOT_TYPE = "in_dlq"
 US_PER_DAY = 86_400_000_000
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-#: Field kind (``celery_dlq.redis.archive.Field.kind``) -> Arrow type.
+#: Field kind (``celery_dlq.storage.archive.Field.kind``) -> Arrow type.
 ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "timestamp": TIMESTAMP}
 
 

@@ -2,7 +2,7 @@
 
 Reads ``IN/events`` (what ``celery dlq export`` wrote) and writes to ``OUT``::
 
-    OUT/report.json            every number of the report (see metrics.py for definitions)
+    OUT/report.json            every number of the report (see figures.py for definitions)
     OUT/report.html            the same, self-contained, with charts (PNG, base64-embedded)
     OUT/tables/<name>/         the Parquet tables behind them
     OUT/replay_plan/manifest.json, OUT/replay_plan/entries/   the replay plan (read it with plan.py)
@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from celery_dlq.analytics import metrics as M
+from celery_dlq.analytics import figures as M
 from celery_dlq.analytics.fs import filesystem, write_bytes
 from celery_dlq.analytics.options import ReportOptions
 from celery_dlq.analytics.plan import ENTRIES, MANIFEST, PLAN_DIR, PLAN_VERSION

@@ -42,8 +42,15 @@ def _redis_urls(app: Any) -> str:
         return "(unknown URL)"
 
 
+#: Old verb names, still accepted for a release and hidden from ``--help``.
+ALIASES = {"delayed": "parked"}
+
+
 class DLQGroup(click.Group):
-    """Turns our errors and Redis errors into one line and an exit code."""
+    """Turns our errors and Redis errors into one line and an exit code; resolves :data:`ALIASES`."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, ALIASES.get(cmd_name, cmd_name))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

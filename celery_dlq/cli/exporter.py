@@ -14,7 +14,7 @@ from celery.bin.base import CeleryCommand
 
 from celery_dlq.cli.base import Failure, dlq
 
-DEFAULT_PORT = 9808   # celery_dlq.metrics.DEFAULT_PORT, kept here so --help imports nothing
+DEFAULT_PORT = 9808   # celery_dlq.exporter.DEFAULT_PORT, kept here so --help imports nothing
 
 
 @dlq.command(cls=CeleryCommand)
@@ -29,7 +29,7 @@ def exporter(ctx: click.Context, port: int, bind: str) -> None:
     Redis is read at each scrape, so one exporter covers every worker; when
     Redis cannot be read the exporter keeps serving celery_dlq_redis_up 0.
     """
-    from celery_dlq.metrics import serve
+    from celery_dlq.exporter import serve
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(message)s")

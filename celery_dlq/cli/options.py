@@ -8,7 +8,7 @@ import click
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
-from celery_dlq.redis.groups import is_group_id
+from celery_dlq.storage.groups import is_group_id
 from celery_dlq.timespec import parse_since
 
 

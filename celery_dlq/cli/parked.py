@@ -1,4 +1,4 @@
-"""The verbs over parked retries and counters: ``delayed``, ``redeliver``, ``stats``."""
+"""The verbs over parked retries and counters: ``parked`` (old name ``delayed``, hidden), ``redeliver``, ``stats``."""
 from __future__ import annotations
 
 import click
@@ -17,18 +17,18 @@ from celery_dlq.cli.output import at, cut, echo_json, n_of, print_table
 @click.option("-f", "--force", is_flag=True, help="With --delete: do not ask. There is no undo.")
 @json_option
 @click.pass_context
-def delayed(ctx: click.Context, queue: str | None, limit: int, delete_ids: tuple[str, ...], force: bool,
-            as_json: bool) -> None:
+def parked(ctx: click.Context, queue: str | None, limit: int, delete_ids: tuple[str, ...], force: bool,
+           as_json: bool) -> None:
     """Retries parked until they are due, earliest first (or delete some with --delete)."""
-    parked = operator(ctx).parked
+    store = operator(ctx).parked
     if delete_ids:
         if not force:
             confirm(f"delete parked retries {', '.join(delete_ids)}")
-        deleted = sum(parked.delete(ident, force=True) for ident in delete_ids)
+        deleted = sum(store.delete(ident, force=True) for ident in delete_ids)
         if not deleted:
             raise Failure(f"nothing matched: no parked retry {', '.join(delete_ids)}")
         return click.echo(f"Deleted {n_of(deleted, 'parked retry')}.")
-    rows = parked.entries(queue, limit=limit or None)
+    rows = store.entries(queue, limit=limit or None)
     if as_json:
         return echo_json(row.as_dict() for row in rows)
     print_table("parked retries", ["entry", "task", "queue", "due", "next delivery", "last exception"],

@@ -1,6 +1,6 @@
 """Failure groups as an operator reads them: per DLQ, merged across DLQs, and the letters in none.
 
-The counts come from each DLQ's group index (:mod:`celery_dlq.redis.groups`),
+The counts come from each DLQ's group index (:mod:`celery_dlq.storage.groups`),
 kept by the scripts that push and remove dead letters; reading them is one
 ``HGETALL`` per DLQ plus its depth, never a pass over the letters. To act on
 a group, select its letters with ``Filter(group=<id>)``: a replay or purge
@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from celery_dlq.redis import groups as index
-from celery_dlq.redis.groups import GroupStats
+from celery_dlq.storage import groups as index
+from celery_dlq.storage.groups import GroupStats
 
 if TYPE_CHECKING:
     from celery_dlq.ops.operator import Operator

@@ -24,12 +24,12 @@ from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import trends
-from celery_dlq.redis.chords import ChordLedger
-from celery_dlq.redis.client import broker_client, connect
-from celery_dlq.redis.keys import QueueLists
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.shards import ShardedStore, shards_of
+from celery_dlq.storage import trends
+from celery_dlq.storage.chords import ChordLedger
+from celery_dlq.storage.client import broker_client, connect
+from celery_dlq.storage.keys import QueueLists
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.shards import ShardedStore, shards_of
 from celery_dlq.settings import DLQSettings
 
 

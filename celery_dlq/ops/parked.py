@@ -1,6 +1,6 @@
 """Parked retries as an operator sees them: list, redeliver now, delete.
 
-The delayed store (:mod:`celery_dlq.redis.store`) holds each retry as an entry
+The parked store (:mod:`celery_dlq.storage.store`) holds each retry as an entry
 (``<task id>:<next delivery>``) with its message; here an entry is shown
 with what an operator asks first (which task, when due, what failed last)
 and addressed by entry id or by task id, as Sidekiq's ``RetrySet`` is. It
@@ -14,12 +14,12 @@ from typing import Any, Iterator
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.redis.store import DelayedStore, DirectPayload
+from celery_dlq.storage.store import ParkedStore, DirectPayload
 
 
 @dataclass(frozen=True)
 class ParkedRetry:
-    """A retry waiting in the delayed store; ``delivery_count`` is the delivery it will be."""
+    """A retry waiting in the parked store; ``delivery_count`` is the delivery it will be."""
 
     entry_id: str
     queue: str
@@ -51,9 +51,9 @@ DUE_BUCKETS = ("overdue", "< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-6 h"
 
 
 class ParkedRetries:
-    """The delayed store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
+    """The parked store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
 
-    def __init__(self, store: DelayedStore) -> None:
+    def __init__(self, store: ParkedStore) -> None:
         self.store = store
 
     def entries(self, queue: str | None = None, limit: int | None = None) -> Iterator[ParkedRetry]:

@@ -1,9 +1,9 @@
 """One dead-letter queue as an operator works it: list, replay, purge.
 
 Dead letters live on the broker, in the Redis lists kombu uses for the queue
-``DLQ.<queue>`` (one per priority step, see :class:`celery_dlq.redis.keys.QueueLists`),
+``DLQ.<queue>`` (one per priority step, see :class:`celery_dlq.storage.keys.QueueLists`),
 as kombu's JSON. They are read a page at a time from the oldest end
-(:class:`celery_dlq.redis.lists.OldestFirst`), and each page is offered to
+(:class:`celery_dlq.storage.lists.OldestFirst`), and each page is offered to
 the selection (:mod:`celery_dlq.ops.letters`) once, so an
 operation is one pass over the DLQ whatever it selects. A replay rewrites
 each message and moves a page of them with one Lua script (for each: remove
@@ -26,11 +26,11 @@ from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import delivery_tags
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
-from celery_dlq.redis import groups, metrics
-from celery_dlq.redis.chords import fail_purged, require_backend
-from celery_dlq.redis.events import EventType
-from celery_dlq.redis.keys import Stat
-from celery_dlq.redis.lists import OldestFirst
+from celery_dlq.storage import groups, totals
+from celery_dlq.storage.chords import fail_purged, require_backend
+from celery_dlq.storage.events import EventType
+from celery_dlq.storage.keys import Stat
+from celery_dlq.storage.lists import OldestFirst
 
 if TYPE_CHECKING:
     from celery_dlq.ops.operator import Operator
@@ -243,7 +243,7 @@ class DeadLetterQueue:
     def _record(self, batch: _Batch, moved: list[int]) -> None:
         """Count and archive what :meth:`_run` moved."""
         self.op.count(Stat.REPLAYED, sum(moved))
-        self._count(metrics.Metric.REPLAYED, sum(moved))
+        self._count(totals.Metric.REPLAYED, sum(moved))
         if batch.entries is not None:
             self.op.archive.append_entries([entry for entry, ok in zip(batch.entries, moved) if ok],
                                            EventType.REPLAYED)
@@ -274,13 +274,13 @@ class DeadLetterQueue:
         else:
             out = self._remove(where, limit, progress, batch)
         self.op.count(Stat.PURGED, out.done)
-        self._count(metrics.Metric.PURGED, out.done)
+        self._count(totals.Metric.PURGED, out.done)
         return out
 
     def _count(self, metric: str, n: int) -> None:
-        """Raise the exporter's ``metric{dlq=<this DLQ>}`` by ``n`` (``redis/metrics.py``)."""
+        """Raise the exporter's ``metric{dlq=<this DLQ>}`` by ``n`` (``storage/totals.py``)."""
         if n:
-            metrics.incr(self.op.client, self.op.keys, metric, n, dlq=self.name)
+            totals.incr(self.op.client, self.op.keys, metric, n, dlq=self.name)
 
     def _delete_lists(self) -> Outcome:
         """Every list of the DLQ deleted in one transaction, counted as it goes."""

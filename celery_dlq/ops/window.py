@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector
-from celery_dlq.redis.lists import tail_range
+from celery_dlq.storage.lists import tail_range
 
 if TYPE_CHECKING:
     from celery_dlq.ops.queue import DeadLetterQueue

@@ -62,7 +62,7 @@ TREND_TITLES = {"dead_lettered": "Dead-lettered", "parked": "Parked for a retry"
 
 def trend_sections(trends: Any) -> list[dict]:
     """Per kind: a chart per minute (the last hour) and per hour (the last 7 days), with the numbers by queue
-    and (dead letters) by reason for the table under it. ``trends`` is :class:`celery_dlq.redis.trends.Trends`."""
+    and (dead letters) by reason for the table under it. ``trends`` is :class:`celery_dlq.storage.trends.Trends`."""
     minute, hour = int(trends.now // 60), int(trends.now // 3600)
     sections = []
     for kind, title in TREND_TITLES.items():

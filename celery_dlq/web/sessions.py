@@ -1,7 +1,7 @@
 """Dashboard logins kept in Redis: a random cookie, its SHA-256 in Redis, revoked at logout or by an admin.
 
 The cookie is 32 random bytes; Redis holds only their SHA-256
-(:meth:`~celery_dlq.redis.keys.Keys.web_session`), so someone who can read
+(:meth:`~celery_dlq.storage.keys.Keys.web_session`), so someone who can read
 Redis cannot log in with what they read. A session expires on its own after
 ``ttl`` seconds (12 hours by default); logging out deletes it; ``celery dlq
 web-sessions --revoke USER`` deletes every one of a user. Every dashboard
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 
 #: A login lasts this long (seconds).
 SESSION_TTL = 12 * 3600

@@ -22,7 +22,7 @@ from typing import Any
 
 from redis.exceptions import WatchError
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from celery_dlq.web.users import TOKEN_USER
 
 #: Failed logins allowed per address and per user in one window.

@@ -15,9 +15,9 @@ from celery_dlq import headers as H
 from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.redis.trends import KINDS
+from celery_dlq.storage.trends import KINDS
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
-from celery_dlq.redis.lists import oldest_pages
+from celery_dlq.storage.lists import oldest_pages
 from celery_dlq.web.users import TOKEN_USER
 from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query

@@ -23,9 +23,9 @@ from celery_dlq.errors import ChordMemberDeadLettered
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.internals.celery_backend import keep_chord_keys
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.chords import (CONTINUED, FAILED, WAITING, ChordLedger, chord_fields, part_return,
+from celery_dlq.storage.chords import (CONTINUED, FAILED, WAITING, ChordLedger, chord_fields, part_return,
                                      resume_unlock, take_chord)
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import CHORD_CONTINUE, CHORD_FAIL, CHORD_WAIT, describe_failure, placeholder, rule_of
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class ChordMembers:
         """Apply the rule now that the letter of ``request`` is stored (``dlq`` None: dropped, so ``fail``).
 
         Returns the rule applied, or None when the task stands for no chord
-        part (:func:`~celery_dlq.redis.chords.chord_fields`). Runs again for a
+        part (:func:`~celery_dlq.storage.chords.chord_fields`). Runs again for a
         redelivered copy whose letter was stored already; the ledger makes
         that a no-op for a settled chord.
         """

@@ -8,7 +8,7 @@ first use).
 
 On a Redis broker the dead letter is pushed by a Lua script
 (``lua/dead_letter.lua``) that also counts it in the DLQ's failure-group
-index (:mod:`celery_dlq.redis.groups`), so the counts never drift from the
+index (:mod:`celery_dlq.storage.groups`), so the counts never drift from the
 lists, whatever is killed when; the letter is exactly what a kombu publish
 would have pushed, plus its group id (``x-dlq-group``). On another broker
 it is published through kombu, without groups.
@@ -34,12 +34,12 @@ from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import groups, metrics, trends
-from celery_dlq.redis.client import broker_client
-from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists, Stat
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.shards import ShardedStore
-from celery_dlq.redis.metrics import Metric
+from celery_dlq.storage import groups, totals, trends
+from celery_dlq.storage.client import broker_client
+from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists, Stat
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.shards import ShardedStore
+from celery_dlq.storage.totals import Metric
 from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.worker.retention import Retention
 from celery_dlq.worker.task_events import TaskEvents
@@ -95,7 +95,7 @@ class DeadLetterer:
             pipe.hincrby(keys.stats, Stat.DROPPED, 1)
             if expired:
                 pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
-            metrics.incr(pipe, keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
+            totals.incr(pipe, keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
             pipe.execute()
             shard.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
             self._notify(envelope, None, reason, failure, delivery)
@@ -121,7 +121,7 @@ class DeadLetterer:
         pipe.hincrby(keys.stats, Stat.DEAD_LETTERED, 1)
         if expired:
             pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
-        metrics.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
+        totals.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
                      reason=reason)
         shard.store.trend(pipe, trends.series("dead_lettered", envelope.queue, reason))
         pipe.execute()

@@ -49,8 +49,8 @@ from typing import Any, Callable, Iterable
 
 import redis
 
-from celery_dlq.redis.keys import Keys, QueueLists
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage.keys import Keys, QueueLists
+from celery_dlq.storage.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 

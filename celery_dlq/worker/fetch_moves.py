@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK
-from celery_dlq.redis.keys import Stat
-from celery_dlq.redis.store import add_moves
+from celery_dlq.storage.keys import Stat
+from celery_dlq.storage.store import add_moves
 
 #: The most due entries one fetch moves (a fetch happens per message taken: a few suffice).
 LIMIT = 20

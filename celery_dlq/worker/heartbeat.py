@@ -1,6 +1,6 @@
 """Every worker's heartbeat: a thread that takes or renews the mover lease and says when the role changes.
 
-One beat per ``dlq_heartbeat_interval`` (:class:`~celery_dlq.redis.lease.MoverLease`:
+One beat per ``dlq_heartbeat_interval`` (:class:`~celery_dlq.storage.lease.MoverLease`:
 one command for a worker without the lease). The holder moves due entries
 (:mod:`celery_dlq.worker.mover_turns`) and runs the fetch listener; the
 beat tells both through ``on_role``. It runs in its own thread so that a
@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Callable
 
-from celery_dlq.redis.lease import MoverLease
+from celery_dlq.storage.lease import MoverLease
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """This process's in-flight messages: its consumer id, its beats while it holds any, and the sweeper.
 
 Every message celery-dlq's fetch pops is recorded as this process's
-(:mod:`celery_dlq.redis.inflight`). The heartbeat thread calls
+(:mod:`celery_dlq.storage.inflight`). The heartbeat thread calls
 :meth:`Beats.tick` at every beat: while the process holds a message
 (prefetched, running, or waiting for its ETA) it writes its beat, one
 command; an idle process writes nothing, and the fetch writes the beat
@@ -26,7 +26,7 @@ import weakref
 from typing import Any, Callable
 
 from celery_dlq.internals.kombu_redis import unsettled_tags
-from celery_dlq.redis.inflight import InFlight
+from celery_dlq.storage.inflight import InFlight
 
 logger = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.redis import metrics, trends
-from celery_dlq.redis.client import blocking_client, broker_url, listener_client
-from celery_dlq.redis.inflight import InFlight
-from celery_dlq.redis.keys import Keys, Stat
-from celery_dlq.redis.lease import MoverLease
-from celery_dlq.redis.metrics import Metric
-from celery_dlq.redis.shards import Shard
-from celery_dlq.redis.store import DirectPayload
+from celery_dlq.storage import totals, trends
+from celery_dlq.storage.client import blocking_client, broker_url, listener_client
+from celery_dlq.storage.inflight import InFlight
+from celery_dlq.storage.keys import Keys, Stat
+from celery_dlq.storage.lease import MoverLease
+from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.shards import Shard
+from celery_dlq.storage.store import DirectPayload
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.inflight import Beats
@@ -311,7 +311,7 @@ class MoverThread(threading.Thread):
             pipe = self.runtime.client.pipeline(transaction=False)
             per_queue: Counter = Counter()
             for (queue, task), n in counts.items():
-                metrics.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+                totals.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
                 per_queue[queue] += n
             for queue, n in per_queue.items():
                 shard.store.trend(pipe, trends.series("redelivered", queue), n)

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from celery_dlq.redis.lease import MoverLease
+from celery_dlq.storage.lease import MoverLease
 
 #: Block on the marker until this long before the due time, then sleep locally (seconds).
 EARLY = 0.2

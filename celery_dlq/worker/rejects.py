@@ -17,9 +17,9 @@ from kombu.utils.uuid import uuid
 from celery_dlq.element import raw_dead_letter
 from celery_dlq.headers import Reason
 from celery_dlq.message import decode_raw
-from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import Stat
-from celery_dlq.redis.metrics import Metric
+from celery_dlq.storage import totals
+from celery_dlq.storage.keys import Stat
+from celery_dlq.storage.totals import Metric
 from celery_dlq.worker.runtime import runtime_by_ident
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def _dead_lettered(channel: Any, letter: bytes, queue: str, dlq: str, error: str
         shard = runtime.shard(envelope.task_id)
         pipe = runtime.client.pipeline(transaction=False)
         pipe.hincrby(shard.keys.stats, Stat.DEAD_LETTERED, 1)
-        metrics.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
+        totals.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
                      reason=Reason.INVALID_MESSAGE)
         pipe.execute()
         shard.archive.dead_lettered(envelope, dlq)

@@ -27,7 +27,7 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
                                                 was_revoked_or_cancelled)
 from celery_dlq.message import instance_of, was_redelivered
-from celery_dlq.redis.chords import take_chord
+from celery_dlq.storage.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception

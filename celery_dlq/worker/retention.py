@@ -24,13 +24,13 @@ from typing import Any, Iterator
 
 from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis import groups, metrics
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.chords import ChordLedger, fail_purged
-from celery_dlq.redis.client import broker_client
-from celery_dlq.redis.keys import Keys, QueueLists, Stat
-from celery_dlq.redis.lists import oldest_pages
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage import groups, totals
+from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.chords import ChordLedger, fail_purged
+from celery_dlq.storage.client import broker_client
+from celery_dlq.storage.keys import Keys, QueueLists, Stat
+from celery_dlq.storage.lists import oldest_pages
+from celery_dlq.storage.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Retention:
         if trimmed:
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(self.keys.stats, Stat.TRIMMED, trimmed)
-            metrics.incr(pipe, self.keys, metrics.Metric.TRIMMED, trimmed, dlq=dlq)
+            totals.incr(pipe, self.keys, totals.Metric.TRIMMED, trimmed, dlq=dlq)
             pipe.execute()
         return trimmed
 

@@ -33,14 +33,14 @@ from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK, raw_element
 from celery_dlq.message import Envelope, queue_of, with_task_arguments
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.archive import PAYLOAD_HASH, EventLog
-from celery_dlq.redis.client import broker_client, broker_url, worker_client
-from celery_dlq.redis.counters import DeliveryCounters
-from celery_dlq.redis.keys import UNKNOWN_TASK_ID, QueueLists
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.replication import Replication
-from celery_dlq.redis.shards import Shard, ShardedStore, shards_of
-from celery_dlq.redis.store import DelayedStore, DirectPayload
+from celery_dlq.storage.archive import PAYLOAD_HASH, EventLog
+from celery_dlq.storage.client import broker_client, broker_url, worker_client
+from celery_dlq.storage.counters import DeliveryCounters
+from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.shards import Shard, ShardedStore, shards_of
+from celery_dlq.storage.store import ParkedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.tasklevel import task_levels
@@ -193,7 +193,7 @@ class Runtime:
         return self.sharded.of(task_id)
 
     @property
-    def store(self) -> DelayedStore:
+    def store(self) -> ParkedStore:
         """The home shard's store: the whole store unless ``dlq_store_shards`` > 1."""
         return self.sharded.home.store
 
@@ -329,7 +329,7 @@ class Runtime:
         return replace(envelope, body=body, content_type=content_type, content_encoding=content_encoding,
                        headers=headers)
 
-    def _park_once(self, store: DelayedStore, payload: bytes, envelope: Envelope, nxt: int, due: float,
+    def _park_once(self, store: ParkedStore, payload: bytes, envelope: Envelope, nxt: int, due: float,
                    event: Any, max_length: int, ack: Any = None, expires: float | None = None) -> bool:
         """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 

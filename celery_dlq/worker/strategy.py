@@ -38,7 +38,7 @@ from celery_dlq.errors import InvalidMessage
 from celery_dlq.headers import Reason
 from celery_dlq.internals.celery_worker import request_context
 from celery_dlq.message import instance_of, was_redelivered
-from celery_dlq.redis.chords import take_chord
+from celery_dlq.storage.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
 
 logger = logging.getLogger(__name__)

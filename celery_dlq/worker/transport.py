@@ -9,7 +9,7 @@ changes the fetch only (publishing and everything else are kombu's):
 
 * **Fetch in one step** (``redis/lua/fetch.lua``): pop the next element of
   the worker's queues in kombu's priority order and, in the same script,
-  record it as this process's, in flight (:mod:`celery_dlq.redis.inflight`).
+  record it as this process's, in flight (:mod:`celery_dlq.storage.inflight`).
   An element that is not a kombu envelope goes to its queue's quarantine
   list in that step. Nothing popped is ever only in memory.
 * **Leases, not a visibility timeout.** A process's in-flight messages are
@@ -69,9 +69,9 @@ from kombu.utils.uuid import uuid
 from celery_dlq.element import envelope_error
 from celery_dlq.internals.kombu_redis import (consume_order, deliver, flush_reauth, forget_held, held_tags,
                                               list_key, rotate, set_in_poll)
-from celery_dlq.redis.inflight import InFlight
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import Scripts, script_source
+from celery_dlq.storage.inflight import InFlight
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import Scripts, script_source
 from celery_dlq.worker import inflight as process
 from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.fetch_moves import FetchMoves

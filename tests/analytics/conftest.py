@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("pyspark")
 
 from celery_dlq.analytics.export import export_events  # noqa: E402
-from celery_dlq.redis.archive import Event, EventLog  # noqa: E402
-from celery_dlq.redis.keys import Keys  # noqa: E402
+from celery_dlq.storage.archive import Event, EventLog  # noqa: E402
+from celery_dlq.storage.keys import Keys  # noqa: E402
 
 AS_OF = datetime(2024, 3, 15, 12, 0, tzinfo=timezone.utc)
 
@@ -130,7 +130,7 @@ def hand_report(spark, hand_archive, tmp_path_factory):
 @pytest.fixture(scope="session")
 def hand_events(spark, hand_archive):
     """The hand-built archive read once (cached) on a report session, for replay-plan variants."""
-    from celery_dlq.analytics import metrics as M
+    from celery_dlq.analytics import figures as M
     from celery_dlq.analytics.session import report_session
 
     session = report_session(spark)

@@ -143,7 +143,7 @@ HAND_REPORT_CHECKS = (test_event_and_dead_letter_counts, test_dead_letters_per_u
 
 
 def _plan(hand_events, out, **predicates):
-    from celery_dlq.analytics import metrics as M
+    from celery_dlq.analytics import figures as M
     from celery_dlq.analytics.report import Report
 
     session, events = hand_events

@@ -1,11 +1,11 @@
-"""The report's Spark schema comes from the archive's one schema (``celery_dlq.redis.archive.SCHEMA``)."""
+"""The report's Spark schema comes from the archive's one schema (``celery_dlq.storage.archive.SCHEMA``)."""
 from __future__ import annotations
 
 import pytest
 
-from celery_dlq.analytics import metrics as M
+from celery_dlq.analytics import figures as M
 from celery_dlq.analytics.export import EVENT_SCHEMA, PARTITION_SCHEMA
-from celery_dlq.redis.archive import SCHEMA, EventType, Field
+from celery_dlq.storage.archive import SCHEMA, EventType, Field
 
 SPARK_KINDS = {"string": "STRING", "int": "INT", "bigint": "BIGINT", "timestamp": "TIMESTAMP"}
 

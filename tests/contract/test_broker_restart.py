@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 from tests.contract.conftest import contract_harness
 from tests.redis_server import RedisServer
 
@@ -25,7 +25,7 @@ def test_a_broker_restart_loses_nothing(tmp_path):
         worker = harness.worker(concurrency=2)
         pid = worker.proc.pid
         ids = [harness.send("proj.flaky", args=(1, "restart")).id for _ in range(TASKS)]   # succeeds on delivery 2
-        store = DelayedStore(harness.redis, Keys(harness.prefix))
+        store = ParkedStore(harness.redis, Keys(harness.prefix))
         harness.wait_until(lambda: store.count() > 0 and len(harness.deliveries()) > TASKS // 4, timeout=60,
                            message="retries parked and the worker busy")
         server.shutdown()

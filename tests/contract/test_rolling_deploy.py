@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from kombu import Producer
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 from tests.contract.conftest import PatientWorker
 from tests.integration.conftest import ROOT
 from tests.services import missing
@@ -57,7 +57,7 @@ def test_old_and_new_workers_run_every_delivery_exactly_once(harness, old_releas
     harness.wait_until(lambda: {row["id"] for row in harness.deliveries() if row["delivery"] == 3} >= set(ids),
                        timeout=120, message=f"delivery 3 of all {TASKS} tasks")
     harness.after_a_mover_pass()           # a duplicate would have run by now
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    store = ParkedStore(harness.redis, Keys(harness.prefix))
     if not hasattr(Producer, "batch"):     # a duplicated delivery 2 that failed parked a copy of its own: let it run
         harness.wait_until(lambda: store.count() == 0, timeout=60, message="the duplicates' parked copies ran")
         harness.after_a_mover_pass()

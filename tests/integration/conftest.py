@@ -16,8 +16,8 @@ import redis
 from celery import Celery
 
 from celery_dlq.message import Envelope
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The argument of the noop canaries of ``Harness.after_a_mover_pass``.
@@ -126,7 +126,7 @@ class Harness:
         number, or ``arg``."""
         stage = f"{self.queue}.stage"
         ids = [self.app.send_task("proj.noop", args=(i if arg is None else arg,), queue=stage).id for i in range(n)]
-        store = DelayedStore(store_client or self.redis, Keys(self.prefix))
+        store = ParkedStore(store_client or self.redis, Keys(self.prefix))
         raw = self.redis.lrange(stage, 0, -1)
         self.redis.delete(stage)
         assert len(raw) == n

@@ -18,7 +18,7 @@ import celery
 import pytest
 from celery import chain, chord
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import chord_rule, is_placeholder
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celery_dlq.redis.keys import Shards
+from celery_dlq.storage.keys import Shards
 from tests.redis_server import RedisClusterServers
 
 pytestmark = pytest.mark.integration
@@ -36,8 +36,8 @@ def cluster():
 
 
 def assert_the_tools_see_it_all(harness, conf: dict, waiting: list[str], parks: int, redeliveries: int) -> None:
-    """``celery dlq delayed``, ``stats`` and ``queues`` over the store: the waiting retries and every count."""
-    assert sorted(row["task_id"] for row in harness.dlq_json("delayed", conf=conf)) == sorted(waiting)
+    """``celery dlq parked``, ``stats`` and ``queues`` over the store: the waiting retries and every count."""
+    assert sorted(row["task_id"] for row in harness.dlq_json("parked", conf=conf)) == sorted(waiting)
     counters = {row["name"]: row["value"] for row in harness.dlq_json("stats", conf=conf)}
     assert counters["parked"] == parks and counters["redelivered"] == redeliveries
     assert counters["parked_now"] == len(waiting)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from celery_dlq.redis.keys import Keys, Stat
+from celery_dlq.storage.keys import Keys, Stat
 from tests.integration.test_exporter import RULES, ExporterProcess, Prometheus, dlq_cli, needs, ops_env, wait_for
 from tests.unit.test_grafana_dashboard import filled, targets
 
@@ -29,7 +29,7 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
     stats = Keys(harness.prefix).stats
     harness.wait_until(lambda: len(harness.dead_letters()) == 3 and harness.redis.hget(stats, Stat.TRIMMED) == b"1"
                        and harness.redis.hget(stats, Stat.DROPPED) == b"1"
-                       and harness.redis.zcard(Keys(harness.prefix).delayed) == 1,
+                       and harness.redis.zcard(Keys(harness.prefix).schedule) == 1,
                        timeout=90, message="3 dead letters (1 trimmed), 1 dropped, 1 parked")
     env = ops_env(harness.broker, q, harness.prefix)
     left = [letter["headers"]["id"] for letter in harness.dead_letters()]

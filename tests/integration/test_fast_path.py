@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 from kombu import Producer
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 from tests.integration.conftest import Worker
 from tests.services import missing
 from tests.integration.test_mover import park_noop_messages
@@ -34,7 +34,7 @@ def test_three_workers_3000_tasks_failing_twice_log_deliveries_1_2_3_exactly(har
         harness.worker(name=name, concurrency=2)
     ids = [harness.send("proj.flaky", args=(2,)).id for _ in range(3000)]
     harness.wait_until(lambda: len(harness.deliveries()) >= 9000, timeout=300, message="9000 deliveries")
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    store = ParkedStore(harness.redis, Keys(harness.prefix))
     redelivered, queues = int(harness.redis.hget(store.keys.stats, "redelivered")), harness.redis.hlen(store.keys.queues)
     harness.after_a_mover_pass()   # then any duplicate would have shown up
     seen = deliveries_by_id(harness)
@@ -55,7 +55,7 @@ def test_entries_parked_before_an_upgrade_are_moved_by_the_new_mover(harness):
     seen = deliveries_by_id(harness)
     assert {tuple(seen[i]) for i in old_ids} == {(1,)}     # the noop logs its (header) delivery once
     assert {tuple(seen[i]) for i in flaky} == {(1, 2)}
-    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+    assert ParkedStore(harness.redis, Keys(harness.prefix)).count() == 0
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_a_rolling_deploy_with_old_and_new_workers_loses_and_duplicates_nothing(
         assert {tuple(sorted(set(numbers))) for numbers in seen.values()} == {(1, 2, 3)}
         print(f"\nrolling deploy on kombu without Producer.batch: "
               f"{sum(len(n) - 3 for n in seen.values())} duplicated deliveries of {3 * len(ids)}")
-    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+    assert ParkedStore(harness.redis, Keys(harness.prefix)).count() == 0
     assert harness.dead_letters() == []
     pids = {row["pid"] for row in harness.deliveries()}
     assert len(pids) >= 3, "both workers' pools ran tasks"

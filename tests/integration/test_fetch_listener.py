@@ -146,7 +146,7 @@ def test_a_server_that_refuses_client_tracking_leaves_the_fallback_wait(tmp_path
 def test_the_listener_tracks_once_marks_pushes_and_keeps_its_set(tmp_path, unique, monkeypatch):
     """The listener alone, its checks every 0.2 s: it tracks the registered queue once (not at every check),
     marks a push to any of its lists, and writes its set again when it is gone."""
-    from celery_dlq.redis.keys import Keys, QueueLists
+    from celery_dlq.storage.keys import Keys, QueueLists
     from celery_dlq.worker import fetch_listener
     monkeypatch.setattr(fetch_listener, "CHECK", 0.2)
     server = RedisServer().start()

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from celery_dlq.redis import metrics
-from celery_dlq.redis.keys import Keys, Stat
-from celery_dlq.redis.metrics import Metric
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage import totals
+from celery_dlq.storage.keys import Keys, Stat
+from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.store import ParkedStore
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def hold_the_mover_elsewhere(harness) -> Keys:
 
 
 def redelivered_total(harness, keys: Keys) -> int:
-    return sum(n for (name, _), n in metrics.read(harness.redis, keys).items() if name == Metric.REDELIVERED)
+    return sum(n for (name, _), n in totals.read(harness.redis, keys).items() if name == Metric.REDELIVERED)
 
 
 def keep_fetching(harness, stop: threading.Event) -> threading.Thread:
@@ -57,7 +57,7 @@ def test_a_fetching_worker_moves_its_due_retry_without_the_mover(harness, moves)
         else:
             time.sleep(3.0)    # ten times the retry's delay, with the worker fetching all along
             assert len(harness.deliveries(task_id)) == 1
-            assert DelayedStore(harness.redis, keys).count() == 1
+            assert ParkedStore(harness.redis, keys).count() == 1
         assert harness.redis.get(keys.mover_lease) == b"elsewhere:1:lease"   # the mover never moved
     finally:
         stop.set()

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from celery_dlq import headers as H
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 from tests.integration.conftest import Harness
 from tests.redis_server import RedisServer
 
@@ -146,7 +146,7 @@ def test_redis_restarts_lose_nothing_and_never_stop_the_worker(tmp_path, unique)
         for round_ in range(ROUNDS):
             started = time.monotonic()
             ids = [harness.send("proj.flaky", args=(2, f"r{round_}")).id for _ in range(TASKS)]
-            store = DelayedStore(harness.redis, Keys(harness.prefix))
+            store = ParkedStore(harness.redis, Keys(harness.prefix))
             harness.wait_until(lambda: store.count() > 0 and len(harness.deliveries()) > TASKS // 4, timeout=60,
                                message="retries parked and the worker busy")
             parked_at = time.monotonic()

@@ -13,8 +13,8 @@ import pytest
 
 from celery_dlq import headers as H
 from celery_dlq.fingerprint import group_id
-from celery_dlq.redis import groups
-from celery_dlq.redis.keys import QueueLists
+from celery_dlq.storage import groups
+from celery_dlq.storage.keys import QueueLists
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from collections import Counter
 import psutil
 import pytest
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def test_two_workers_move_1000_parked_messages_exactly_once(harness):
     counts = Counter(r["id"] for r in harness.deliveries())
     assert set(counts) == set(ids)
     assert set(counts.values()) == {1}
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    store = ParkedStore(harness.redis, Keys(harness.prefix))
     assert store.count() == 0
     assert redelivered == 1000
     movers = [w.log().count("celery-dlq mover: moving") for w in harness.workers]
@@ -39,7 +39,7 @@ def test_entries_claimed_by_a_dead_mover_are_redelivered_after_the_lease(harness
     harness.worker()  # running first, so its start-up time cannot eat into the lease
     due = time.time() + 1.0
     ids = park_noop_messages(harness, 20, due=due)
-    dead_mover = DelayedStore(harness.redis, Keys(harness.prefix))
+    dead_mover = ParkedStore(harness.redis, Keys(harness.prefix))
     # Claim as of the due time, before the live mover may: ...and then die (no publish, no ack).
     claimed = dead_mover.claim_due(limit=100, lease=2.0, now=due)
     assert len(claimed) == 20
@@ -49,14 +49,14 @@ def test_entries_claimed_by_a_dead_mover_are_redelivered_after_the_lease(harness
     harness.wait_until(lambda: len(harness.deliveries()) >= 20, timeout=30)
     assert min(r["at"] for r in harness.deliveries()) >= lease_until - 0.05
     assert {r["id"] for r in harness.deliveries()} == set(ids)
-    assert DelayedStore(harness.redis, Keys(harness.prefix)).count() == 0
+    assert ParkedStore(harness.redis, Keys(harness.prefix)).count() == 0
 
 
 @pytest.mark.slow
 def test_20000_parked_retries_do_not_grow_the_worker(harness):
     worker = harness.worker(concurrency=2, DLQ_TEST_PREFETCH="64")
     main = psutil.Process(worker.proc.pid)
-    store = DelayedStore(harness.redis, Keys(harness.prefix))
+    store = ParkedStore(harness.redis, Keys(harness.prefix))
 
     def send(n):
         with harness.app.producer_or_acquire() as producer:

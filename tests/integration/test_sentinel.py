@@ -18,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_dlq.redis.client import connect
+from celery_dlq.storage.client import connect
 from celery_dlq.urls import canonical
 from tests.integration.conftest import Worker
 from tests.sentinel_servers import MASTER_NAME, SentinelServers

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from celery_dlq import headers as H
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from tests.integration.conftest import Harness, Worker
 from tests.redis_server import RedisServer
 

@@ -33,7 +33,7 @@ def test_the_wheel_installs_in_a_fresh_virtualenv_and_runs_the_demo_and_the_cli(
     run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], timeout=120)
     names = set(zipfile.ZipFile(wheel).namelist())
     lua = {p.name for p in (ROOT / "celery_dlq" / "redis" / "lua").glob("*.lua")}
-    assert {Path(n).name for n in names if n.startswith("celery_dlq/redis/lua/")} == lua
+    assert {Path(n).name for n in names if n.startswith("celery_dlq/storage/lua/")} == lua
     assert "celery_dlq/web/templates/base.html" in names or any(n.startswith("celery_dlq/web/templates/")
                                                                 for n in names)
     assert "celery_dlq/py.typed" in names

@@ -8,8 +8,8 @@ import pytest
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.chords import SETTLED_TTL_S, ChordLedger, chord_fields, request_fields, take_chord
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.chords import SETTLED_TTL_S, ChordLedger, chord_fields, request_fields, take_chord
+from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import (CHORD_WAIT, chord_rule, describe_failure, is_placeholder, membership,
                                  placeholder, rule_of, summary)
 

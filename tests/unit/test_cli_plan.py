@@ -2,7 +2,7 @@
 
 Plans are written here with pyarrow exactly as the report lays them out
 (``replay_plan/manifest.json`` + ``replay_plan/entries/*.parquet``, the
-columns of ``metrics.plan_rows``), so no JVM is needed; dead letters are made
+columns of ``figures.plan_rows``), so no JVM is needed; dead letters are made
 by the real DeadLetterer (``test_manage.dead_letter``).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from celery_dlq import cli  # noqa: E402
 from celery_dlq.cli import base as cli_base  # noqa: E402
 from celery_dlq.manage import Operator  # noqa: E402
-from celery_dlq.redis.keys import QueueLists  # noqa: E402
+from celery_dlq.storage.keys import QueueLists  # noqa: E402
 from tests.unit.test_manage import T0, CountingRedis, FakeClock, dead_letter, read_once, stored  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

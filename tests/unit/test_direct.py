@@ -13,12 +13,12 @@ from celery_dlq import headers as H
 from celery_dlq.element import SOURCE_TAG_PROPERTY, envelope_error
 from celery_dlq.message import Envelope
 from celery_dlq.ops.parked import ParkedRetry
-from celery_dlq.redis import metrics
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys, QueueLists, Stat
-from celery_dlq.redis.metrics import Metric
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import DelayedStore, DirectPayload, add_moves, to_ms
+from celery_dlq.storage import totals
+from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.keys import Keys, QueueLists, Stat
+from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.store import ParkedStore, DirectPayload, add_moves, to_ms
 from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 
@@ -40,7 +40,7 @@ def test_a_direct_payload_round_trips_and_refuses_a_nul_in_its_names():
 
 @pytest.fixture
 def store(any_redis, unique):
-    store = DelayedStore(any_redis, Keys(f"d{unique}"), clock=lambda: T0)
+    store = ParkedStore(any_redis, Keys(f"d{unique}"), clock=lambda: T0)
     yield store
     any_redis.delete(*store.keys.store_keys(), store.keys.stats, store.keys.events)
 
@@ -215,7 +215,7 @@ def test_the_fetches_moves_are_written_to_redelivered_total_once_and_kept_when_r
         tally.flush(Down())
     tally.flush(store)
     tally.flush(store)     # nothing left: nothing written twice
-    got = {labels: n for (name, labels), n in metrics.read(store.client, store.keys).items()
+    got = {labels: n for (name, labels), n in totals.read(store.client, store.keys).items()
            if name == Metric.REDELIVERED}
     assert got == {(("queue", q), ("task", "shop.x")): 5, (("queue", q), ("task", "shop.y")): 1}
     store.client.delete(store.keys.metrics, store.keys.trends)

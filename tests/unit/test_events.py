@@ -17,10 +17,10 @@ from celery_dlq import RedeliveryPolicy, install
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import Envelope, decode_raw, payload_hash
-from celery_dlq.redis import archive, events
-from celery_dlq.redis.archive import Event, EventLog, EventType
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import PRELUDE, SCRIPT_NAMES, script_body
+from celery_dlq.storage import archive, events
+from celery_dlq.storage.archive import Event, EventLog, EventType
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import PRELUDE, SCRIPT_NAMES, script_body
 from celery_dlq.settings import DLQSettings
 from celery_dlq.worker.mover import MoverThread
 
@@ -101,7 +101,7 @@ def test_a_failing_redis_is_logged_not_raised(caplog):
         def pipeline(self, **kw):
             return self
 
-    with caplog.at_level(logging.ERROR, logger="celery_dlq.redis.archive"):
+    with caplog.at_level(logging.ERROR, logger="celery_dlq.storage.archive"):
         assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1)]) == 0
         assert EventLog(Broken(), Keys("x"), 10).append([Event("parked", 1), Event("parked", 2)]) == 0
     assert "could not archive" in caplog.text
@@ -184,7 +184,7 @@ def test_dropped_message_is_archived_with_its_record(app, unique):
 def test_archive_failure_never_breaks_park(app, unique, caplog):
     dlq = install(app)
     dlq.client.set(dlq.keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.redis.store"):
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.storage.store"):
         dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
     assert dlq.store.count() == 1
     assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"

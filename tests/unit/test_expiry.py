@@ -15,8 +15,8 @@ from celery_dlq import ConfigurationError, RedeliveryPolicy
 from celery_dlq import headers as H
 from celery_dlq.element import with_body
 from celery_dlq.message import Envelope, decode_raw, with_task_arguments
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore, DirectPayload
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.task import Redeliver
@@ -134,7 +134,7 @@ def test_redeliver_carries_new_arguments_across_the_pool():
 
 @pytest.fixture
 def store(any_redis, unique):
-    store = DelayedStore(any_redis, Keys(f"x{unique}"), clock=lambda: T0)
+    store = ParkedStore(any_redis, Keys(f"x{unique}"), clock=lambda: T0)
     yield store
     any_redis.delete(*store.keys.store_keys(), store.keys.stats, store.keys.expiries)
 
@@ -147,7 +147,7 @@ def element(task_id: str) -> bytes:
                                       "delivery_info": {"exchange": "", "routing_key": "orders"}}}).encode()
 
 
-def park(store: DelayedStore, task_id: str, queue: str, *, due: float, expires: float | None) -> None:
+def park(store: ParkedStore, task_id: str, queue: str, *, due: float, expires: float | None) -> None:
     payload = DirectPayload(queue, queue, "shop.charge", element(task_id)).dumps()
     assert store.park(f"{task_id}:2", payload, queue, due=due, expires=expires)
 

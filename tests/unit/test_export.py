@@ -21,8 +21,8 @@ from celery_dlq.analytics import export as X
 from celery_dlq.cli import analytics as cli_analytics
 from celery_dlq.errors import ExportError
 from celery_dlq.message import Envelope
-from celery_dlq.redis.archive import SCHEMA, Event, EventLog, Field
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.archive import SCHEMA, Event, EventLog, Field
+from celery_dlq.storage.keys import Keys
 
 DAY_US = 86_400_000_000
 MIDNIGHT = 1_710_460_800_000_000  # 2024-03-15T00:00:00Z

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from celery_dlq.redis.keys import Keys, QueueLists
+from celery_dlq.storage.keys import Keys, QueueLists
 from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, tracking_on
 from tests.unit.test_fetch import celery_message, fetch
 

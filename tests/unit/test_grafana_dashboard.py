@@ -1,7 +1,7 @@
 """The Grafana dashboard and the monitoring stack of docker-compose.yml (examples/monitoring/).
 
 Every query of the dashboard names only metrics and labels the exporter
-really exports (taken from celery_dlq.metrics), and parses as PromQL
+really exports (taken from celery_dlq.exporter), and parses as PromQL
 (``promtool check rules`` on the queries written as recording rules). The
 provisioning files, the Prometheus configuration and docker-compose.yml agree
 on paths, hosts and the datasource. No Grafana runs here (no Docker, no
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from celery_dlq.metrics import GAUGES, PREFIX
-from celery_dlq.redis.metrics import Metric
+from celery_dlq.exporter import GAUGES, PREFIX
+from celery_dlq.storage.totals import Metric
 from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from celery_dlq import headers as H
 from celery_dlq.fingerprint import group_id, normalise
 from celery_dlq.manage import Filter, Operator
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.redis.keys import QueueLists, Shards
-from celery_dlq.redis.shards import ShardedStore
+from celery_dlq.storage.keys import QueueLists, Shards
+from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.retention import Retention
 
@@ -259,7 +259,7 @@ def test_cli_groups_lists_them_and_replay_group_takes_one(world):
 
 def test_a_letter_carries_its_payload_hash_and_its_replay_event_reuses_it(world):
     from celery_dlq.message import payload_hash
-    from celery_dlq.redis.events import Event, _as_envelope, event_of
+    from celery_dlq.storage.events import Event, _as_envelope, event_of
 
     world.fail("shop.charge", "KeyError", "'user_1'")
     (letter,) = world.op.queue(world.dlq).entries()

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from celery_dlq.redis.inflight import InFlight, parse_value
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.inflight import InFlight, parse_value
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import ParkedStore
 from celery_dlq.worker import inflight as process
 from celery_dlq.worker.inflight import Beats, previous_runs
 from tests.unit.test_fetch import celery_message, fetch
@@ -79,7 +79,7 @@ def test_a_park_settles_its_message_in_flight_and_a_given_back_one_parks_nothing
     """park.lua takes the tag out of the consumer's own hash in the same step; a message given back meanwhile
     (its worker was silent past the lease) is another worker's now: parking it would fork its deliveries."""
     client, keys, q, inflight = setup
-    store = DelayedStore(client, keys)
+    store = ParkedStore(client, keys)
     push(client, q, "t1")
     push(client, q, "t2")
     fetch(client, keys, [q], beat=True)

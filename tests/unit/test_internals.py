@@ -13,7 +13,7 @@ from celery_dlq.internals.base import ATTRIBUTE, INSTANCE_ATTRIBUTE, METHOD, Fea
 from celery_dlq.internals.billiard_einfo import formats_identically
 from celery_dlq.internals.features import FEATURES, OPTIONAL, every_internal
 from celery_dlq.internals.kombu_redis import FETCH, flush_reauth
-from celery_dlq.redis.keys import QueueLists
+from celery_dlq.storage.keys import QueueLists
 from tests.internals_hiding import hide, key
 
 ALL = every_internal()

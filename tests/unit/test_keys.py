@@ -8,19 +8,19 @@ import fakeredis
 import pytest
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.redis.counters import DeliveryCounters
+from celery_dlq.storage.counters import DeliveryCounters
 from redis.crc import key_slot
 
-from celery_dlq.redis.keys import Keys, Shards, shard_index, shard_tag
-from celery_dlq.redis.scripts import PRELUDE, SCRIPT_NAMES, Scripts, script_body, script_source
+from celery_dlq.storage.keys import Keys, Shards, shard_index, shard_tag
+from celery_dlq.storage.scripts import PRELUDE, SCRIPT_NAMES, Scripts, script_body, script_source
 
-LUA_DIR = resources.files("celery_dlq.redis").joinpath("lua")
+LUA_DIR = resources.files("celery_dlq.storage").joinpath("lua")
 
 
 def test_key_names_share_one_hash_tag():
     keys = Keys()
     assert keys.base == "{celery_dlq}"
-    assert keys.delayed == "{celery_dlq}:delayed"
+    assert keys.schedule == "{celery_dlq}:delayed"
     assert keys.leases == "{celery_dlq}:leases"
     assert keys.payloads == "{celery_dlq}:payloads"
     assert keys.queues == "{celery_dlq}:queues"
@@ -28,7 +28,7 @@ def test_key_names_share_one_hash_tag():
     assert keys.stats == "{celery_dlq}:stats"
     assert keys.delivery_count("abc") == "{celery_dlq}:count:abc"
     assert keys.audit("abc", 3) == "{celery_dlq}:audit:abc:3"
-    assert keys.store_keys() == (keys.delayed, keys.leases, keys.payloads,
+    assert keys.store_keys() == (keys.schedule, keys.leases, keys.payloads,
                                  keys.queues, keys.parked)
 
 
@@ -42,7 +42,7 @@ def test_the_dashboards_keys_share_the_hash_tag():
 
 def test_global_keyprefix_goes_in_front_of_the_hash_tag():
     keys = Keys(prefix="app", global_keyprefix="tenant1:")
-    assert keys.delayed == "tenant1:{app}:delayed"
+    assert keys.schedule == "tenant1:{app}:delayed"
     assert keys.delivery_count("t") == "tenant1:{app}:count:t"
 
 

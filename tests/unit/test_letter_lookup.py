@@ -11,7 +11,7 @@ from celery import Celery
 from celery_dlq.manage import Operator
 from celery_dlq.ops import window
 from celery_dlq.ops.window import find_letter, parse_anchor, read_window
-from celery_dlq.redis.keys import QueueLists
+from celery_dlq.storage.keys import QueueLists
 from celery_dlq.web import create_app
 from tests.unit.test_web import client
 

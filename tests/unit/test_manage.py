@@ -26,9 +26,9 @@ from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, 
                                TaskIds, UnknownQueue)
 from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys, QueueLists, Shards, Stat
-from celery_dlq.redis.shards import ShardedStore
+from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.keys import Keys, QueueLists, Shards, Stat
+from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.retention import Retention
 
@@ -671,16 +671,17 @@ def test_cli_parked_retries(app, fake):
     ops = Operator(app, broker=fake, client=fake, clock=FakeClock())
     park(ops, "a", T0 + 60)
     park(ops, "b", T0 + 30)
-    rows = json.loads(run(app, fake, "delayed", "--json").output)
+    rows = json.loads(run(app, fake, "parked", "--json").output)
     assert [(r["entry_id"], r["task_name"], r["delivery_count"]) for r in rows] == \
         [("b:2", "shop.charge", 2), ("a:2", "shop.charge", 2)]
-    assert "ValueError: boom" in run(app, fake, "delayed").output
+    assert "ValueError: boom" in run(app, fake, "parked").output
     assert run(app, fake, "redeliver").exit_code == 2                  # ids or --all
     assert run(app, fake, "redeliver", "nope").exit_code == 1          # nothing matched
     assert run(app, fake, "redeliver", "a").output == "1 parked retry due now; the workers' movers deliver it.\n"
-    refused = run(app, fake, "delayed", "--delete", "b")               # no terminal, no --force
+    refused = run(app, fake, "parked", "--delete", "b")               # no terminal, no --force
     assert refused.exit_code == 2 and len(list(ops.parked.entries())) == 2
-    assert run(app, fake, "delayed", "--delete", "b", "--force").output == "Deleted 1 parked retry.\n"
+    assert run(app, fake, "delayed", "--delete", "b", "--force").output == "Deleted 1 parked retry.\n"  # old name
+    assert " parked " in run(app, fake, "--help").output and "delayed" not in run(app, fake, "--help").output
     assert [r.entry_id for r in ops.parked.entries()] == ["a:2"]
 
 

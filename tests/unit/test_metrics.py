@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
-from celery_dlq.metrics import DLQCollector, scrape_operator, serve
+from celery_dlq.exporter import DLQCollector, scrape_operator, serve
 from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys, QueueLists
-from celery_dlq.redis.metrics import MAX_VALUE, Metric, field, incr, parse_field, read
+from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.keys import Keys, QueueLists
+from celery_dlq.storage.totals import MAX_VALUE, Metric, field, incr, parse_field, read
 from celery_dlq.worker.retention import Retention
 from tests.redis_server import RedisServer
 

@@ -9,7 +9,7 @@ import redis
 from celery import Celery
 
 import celery_dlq
-from celery_dlq.redis.store import DirectPayload
+from celery_dlq.storage.store import DirectPayload
 from celery_dlq.worker.mover import MoverThread
 from tests.unit.test_fetch import celery_message
 

@@ -7,9 +7,9 @@ import time
 import pytest
 import redis
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.lease import VERIFY_EVERY, MoverLease
-from celery_dlq.redis.store import DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.lease import VERIFY_EVERY, MoverLease
+from celery_dlq.storage.store import ParkedStore
 from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.mover_turns import EARLY, MAX_BLOCK, MoverTurns
 
@@ -96,7 +96,7 @@ def test_a_mover_without_the_lease_waits_for_it_without_redis():
 
 def test_a_park_wakes_the_mover_only_when_it_is_the_earliest_due(redis_server, keys):
     client = redis.Redis.from_url(redis_server.url)
-    store = DelayedStore(client, keys)
+    store = ParkedStore(client, keys)
     store.park("x:2", b"{}", "q", time.time() + 60)
     assert client.zcard(keys.due_wake) == 1                    # the first entry is the earliest
     client.delete(keys.due_wake)

@@ -5,7 +5,7 @@ import pytest
 from celery import Celery
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.redis.client import broker_url
+from celery_dlq.storage.client import broker_url
 from celery_dlq.settings import DLQSettings
 from celery_dlq.urls import canonical, parse, sanitize
 

@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from celery_dlq.analytics import export as X
-from celery_dlq.redis import metrics
-from celery_dlq.redis.archive import Event
-from celery_dlq.redis.keys import Shards, Stat
-from celery_dlq.redis.metrics import Metric
-from celery_dlq.redis.shards import ShardedStore
+from celery_dlq.storage import totals
+from celery_dlq.storage.archive import Event
+from celery_dlq.storage.keys import Shards, Stat
+from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.shards import ShardedStore
 from tests.redis_server import free_port
 
 T0 = 1_700_000_000.0
@@ -104,8 +104,8 @@ def test_building_a_sharded_store_costs_no_round_trip():
 def test_counters_of_every_shard_are_summed(any_redis, prefix):
     shards = Shards(prefix, count=3)
     for n, keys in enumerate(shards.all):
-        metrics.incr(any_redis, keys, Metric.REDELIVERED, n + 1, queue="orders", task="t.x")
-    assert metrics.read(any_redis, shards.all) == {(Metric.REDELIVERED, (("queue", "orders"), ("task", "t.x"))): 10}
+        totals.incr(any_redis, keys, Metric.REDELIVERED, n + 1, queue="orders", task="t.x")
+    assert totals.read(any_redis, shards.all) == {(Metric.REDELIVERED, (("queue", "orders"), ("task", "t.x"))): 10}
 
 
 def test_export_reads_every_shard_stream_once_with_unique_event_ids(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""DelayedStore and its Lua scripts, on fakeredis and on a real redis-server.
+"""ParkedStore and its Lua scripts, on fakeredis and on a real redis-server.
 
 Time is never slept through: every call gets ``now=`` or a fake clock.
 """
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.store import Claimed, DelayedStore
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import Claimed, ParkedStore
 
 T0 = 1_700_000_000.0  # a fixed "now", in unix seconds
 
@@ -29,12 +29,12 @@ class FakeClock:
         return self.now
 
 
-def make_store(client, clock=None) -> DelayedStore:
+def make_store(client, clock=None) -> ParkedStore:
     keys = Keys(prefix=f"test-{uuid.uuid4().hex[:8]}")
-    return DelayedStore(client, keys, clock=clock or FakeClock())
+    return ParkedStore(client, keys, clock=clock or FakeClock())
 
 
-def drop_keys(store: DelayedStore) -> None:
+def drop_keys(store: ParkedStore) -> None:
     store.client.delete(*store.keys.store_keys(), store.keys.stats)
 
 
@@ -50,11 +50,11 @@ def store(any_redis, clock):
     drop_keys(s)
 
 
-def raw_state(store: DelayedStore) -> dict:
+def raw_state(store: ParkedStore) -> dict:
     """Everything the store holds, read straight from Redis."""
     c, k = store.client, store.keys
     return {
-        "delayed": {m.decode(): int(s) for m, s in c.zrange(k.delayed, 0, -1, withscores=True)},
+        "delayed": {m.decode(): int(s) for m, s in c.zrange(k.schedule, 0, -1, withscores=True)},
         "leases": {m.decode(): int(s) for m, s in c.zrange(k.leases, 0, -1, withscores=True)},
         "payloads": {f.decode(): v for f, v in c.hgetall(k.payloads).items()},
         "queues": {f.decode(): v.decode() for f, v in c.hgetall(k.queues).items()},
@@ -62,7 +62,7 @@ def raw_state(store: DelayedStore) -> dict:
     }
 
 
-def assert_consistent(store: DelayedStore) -> dict:
+def assert_consistent(store: ParkedStore) -> dict:
     """Every entry is in exactly one of delayed/leases, and the counts match."""
     state = raw_state(store)
     delayed, leases = set(state["delayed"]), set(state["leases"])
@@ -237,7 +237,7 @@ def test_redeliver_now_one(store):
 
 
 def test_redeliver_now_all(store, clock, monkeypatch):
-    monkeypatch.setattr("celery_dlq.redis.store.REDELIVER_BATCH", 4)
+    monkeypatch.setattr("celery_dlq.storage.store.REDELIVER_BATCH", 4)
     for i in range(10):
         store.park(f"e{i}", b"p", "q", due=T0 + 100 + i)
     store.park("due", b"p", "q", due=T0 - 1)
@@ -325,7 +325,7 @@ def test_entries_on_empty_store(store):
 def test_client_that_decodes_responses_is_rejected():
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
     with pytest.raises(ConfigurationError, match="decode_responses"):
-        DelayedStore(client, Keys())
+        ParkedStore(client, Keys())
 
 
 # -- concurrency (real server) -------------------------------------------------
@@ -340,7 +340,7 @@ def test_concurrent_claimers_claim_each_entry_exactly_once(real_redis):
         barrier = threading.Barrier(4)
 
         def mover(n: int) -> None:
-            mine = DelayedStore(real_redis, store.keys, clock=FakeClock())
+            mine = ParkedStore(real_redis, store.keys, clock=FakeClock())
             barrier.wait()
             while batch := mine.claim_due(limit=7, lease=600, now=T0):
                 for claimed in batch:
@@ -403,7 +403,7 @@ class Model:
         return state is not None and state[:2] == ("leased", claimed.lease_until_ms)
 
 
-def apply(op, store: DelayedStore, model: Model, held: list[Claimed], now: list[int]):
+def apply(op, store: ParkedStore, model: Model, held: list[Claimed], now: list[int]):
     name, *args = op
     if name == "park":
         entry_id, queue, due_ms = f"e{args[0]}", f"q{args[1]}", now[0] + args[2] * 1000
@@ -439,7 +439,7 @@ def apply(op, store: DelayedStore, model: Model, held: list[Claimed], now: list[
         apply_redeliver(args[0], store, model, now[0])
 
 
-def apply_redeliver(index: int, store: DelayedStore, model: Model, now_ms: int) -> None:
+def apply_redeliver(index: int, store: ParkedStore, model: Model, now_ms: int) -> None:
     index = None if index < 0 else index
     later = {i for i, (s, score, _) in model.entries.items()
              if s == "delayed" and (index is None or i == f"e{index}")}
@@ -453,7 +453,7 @@ def apply_redeliver(index: int, store: DelayedStore, model: Model, now_ms: int) 
         model.entries[i] = ("delayed", min(score, now_ms), queue)
 
 
-def check_against_model(store: DelayedStore, model: Model) -> None:
+def check_against_model(store: ParkedStore, model: Model) -> None:
     state = assert_consistent(store)
     assert state["delayed"] == {i: sc for i, (s, sc, _) in model.entries.items()
                                 if s == "delayed"}

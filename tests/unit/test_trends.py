@@ -10,10 +10,10 @@ import pytest
 from celery import Celery
 
 from celery_dlq.manage import Operator
-from celery_dlq.redis import trends
-from celery_dlq.redis.keys import Keys, Shards
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.shards import ShardedStore
+from celery_dlq.storage import trends
+from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
 from celery_dlq.worker.deadletter import DeadLetterer
 from tests.unit.test_groups import World

@@ -24,7 +24,7 @@ from celery_dlq.manage import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.ops.window import read_window
 from celery_dlq.web import create_app
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from celery_dlq.web.sessions import SESSION_TTL, Sessions
 from tests.unit.test_manage import UNPICKLED, Evil, dead_letter, run
 

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from celery_dlq import cli
 from celery_dlq.manage import Operator
 from celery_dlq.message import Envelope
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 from celery_dlq.web import auth, create_app
 from celery_dlq.web.origin import Origin, bind_hosts, split_host
 from celery_dlq.web.throttle import LoginThrottle

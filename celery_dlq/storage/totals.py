@@ -1,4 +1,4 @@
-"""The exporter's ``_total`` counters, kept in one Redis hash (:attr:`Keys.metrics <celery_dlq.redis.keys.Keys.metrics>`).
+"""The exporter's ``_total`` counters, kept in one Redis hash (:attr:`Keys.metrics <celery_dlq.storage.keys.Keys.metrics>`).
 
 Every worker and operator process raises the same hash, so the counters are
 global, survive restarts, and one exporter reads them all with one
@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Any, ClassVar, Sequence
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 
 logger = logging.getLogger(__name__)
 

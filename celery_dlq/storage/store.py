@@ -1,4 +1,4 @@
-"""The delayed store: retries parked in Redis until they are due.
+"""The parked store: retries parked in Redis until they are due.
 
 A failed task's message is *parked* here with a due time instead of being
 retried with a broker countdown. A mover *claims* due entries with a lease,
@@ -14,7 +14,7 @@ re-claimed once it expired, and the new lease ends strictly later, so ack and
 release compare it and never touch a lease another mover holds.
 
 Public times are unix seconds (floats); Redis holds integer milliseconds. Each
-operation over several keys is one Lua script (see ``celery_dlq/redis/lua``).
+operation over several keys is one Lua script (see ``celery_dlq/storage/lua``).
 """
 from __future__ import annotations
 
@@ -27,15 +27,15 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import as_text as _text
-from celery_dlq.redis import metrics, trends
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.metrics import Metric
-from celery_dlq.redis.replication import Replication
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage import totals, trends
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
-#: Entries rescheduled per script call by :meth:`DelayedStore.redeliver_now`.
+#: Entries rescheduled per script call by :meth:`ParkedStore.redeliver_now`.
 REDELIVER_BATCH = 500
 
 
@@ -126,7 +126,7 @@ def _entry(entry_id: Any, payload: bytes, queue: Any, score_ms: int, leased: boo
                  None if leased else seconds, seconds if leased else None)
 
 
-class DelayedStore:
+class ParkedStore:
     """Parked retries in Redis: park, claim due with a lease, ack or release.
 
     ``client`` must return bytes (``decode_responses=False``, kombu's own
@@ -139,7 +139,7 @@ class DelayedStore:
         get_kwargs = getattr(client, "get_connection_kwargs", None)
         if get_kwargs is not None and get_kwargs().get("decode_responses"):
             raise ConfigurationError(
-                "DelayedStore needs a Redis client with decode_responses=False: "
+                "ParkedStore needs a Redis client with decode_responses=False: "
                 "payloads are bytes")
         self.client = client
         self.keys = keys
@@ -174,7 +174,7 @@ class DelayedStore:
         instead of moving it (``lua/move_due.lua``).
         """
         ack_keys, tag = ack if ack is not None else ((), "")
-        counted = metrics.field(Metric.PARKED, queue=queue, task=task or "")
+        counted = totals.field(Metric.PARKED, queue=queue, task=task or "")
         args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag,
                            counted, "" if expires is None else to_ms(expires), int(self.clock() // 60)]
         for name, value in (event or {}).items():
@@ -231,7 +231,7 @@ class DelayedStore:
             pipe = self.client.pipeline(transaction=False)
             per_queue: Counter[str] = Counter()
             for (queue, task), n in tally.items():
-                metrics.incr(pipe, self.keys, Metric.REDELIVERED, n, queue=queue, task=task)
+                totals.incr(pipe, self.keys, Metric.REDELIVERED, n, queue=queue, task=task)
                 per_queue[queue] += n
             for queue, n in per_queue.items():
                 self.trend(pipe, trends.series("redelivered", queue), n)
@@ -291,7 +291,7 @@ class DelayedStore:
         waiting for its lease to expire.
         """
         return bool(self._scripts.run(
-            "release", [self.keys.leases, self.keys.delayed],
+            "release", [self.keys.leases, self.keys.schedule],
             [claimed.entry_id, claimed.lease_until_ms, self._now_ms(due)]))
 
     # -- the operator's side ---------------------------------------------------
@@ -314,11 +314,11 @@ class DelayedStore:
         now_ms = self._now_ms(now)
         if entry_id is not None:
             return int(self._scripts.run(
-                "redeliver_one", [self.keys.delayed, self.keys.due_wake], [entry_id, now_ms]))
+                "redeliver_one", [self.keys.schedule, self.keys.due_wake], [entry_id, now_ms]))
         total = 0
         while True:
             moved = int(self._scripts.run(
-                "redeliver_all", [self.keys.delayed, self.keys.due_wake], [now_ms, REDELIVER_BATCH]))
+                "redeliver_all", [self.keys.schedule, self.keys.due_wake], [now_ms, REDELIVER_BATCH]))
             total += moved
             if moved < REDELIVER_BATCH:
                 return total
@@ -327,7 +327,7 @@ class DelayedStore:
         """The parked or leased entry ``entry_id``, or None if it is unknown."""
         k = self.keys
         row = self._scripts.run(
-            "inspect", [k.delayed, k.leases, k.payloads, k.queues], [entry_id])
+            "inspect", [k.schedule, k.leases, k.payloads, k.queues], [entry_id])
         if not row:
             return None
         payload, queue, state, score = row
@@ -343,7 +343,7 @@ class DelayedStore:
         """
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch!r}")
-        parked = self._scan(self.keys.delayed, False, queue, batch)
+        parked = self._scan(self.keys.schedule, False, queue, batch)
         leased = self._scan(self.keys.leases, True, queue, batch)
         return heapq.merge(parked, leased, key=lambda entry: entry.next_time)
 
@@ -374,7 +374,7 @@ class DelayedStore:
     def count(self) -> int:
         """Entries parked or leased, counted at one instant."""
         k = self.keys
-        return int(self._scripts.run("count", [k.delayed, k.leases], []))
+        return int(self._scripts.run("count", [k.schedule, k.leases], []))
 
     def counts_by_queue(self) -> dict[str, int]:
         """Entries parked or leased per queue (queues with none are absent)."""
@@ -388,5 +388,5 @@ class DelayedStore:
         expired lease makes its entry due again.
         """
         k = self.keys
-        score = self._scripts.run("next_due", [k.delayed, k.leases], [])
+        score = self._scripts.run("next_due", [k.schedule, k.leases], [])
         return None if score is None else int(float(score)) / 1000

@@ -39,8 +39,8 @@ from celery.app.task import Context
 from celery.backends.base import Backend, DisabledBackend
 
 from celery_dlq.errors import ChordMemberPurged, ConfigurationError
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import Scripts
 
 WAITING, RELEASED, FAILED, CONTINUED = "waiting", "released", "failed", "continued"
 #: How long a settled entry is kept (it stops a late copy of the member settling its chord twice).

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import Scripts
 
 
 def parse_value(value: bytes) -> tuple[str, bytes]:

@@ -2,7 +2,7 @@
 
 Two families of keys:
 
-* **ours** (:class:`Keys`): the delayed store, counters, audit markers, the
+* **ours** (:class:`Keys`): the parked store, counters, audit markers, the
   archive stream. They share the hash tag ``{<prefix>}``: on Redis Cluster
   they land on one slot, which is what lets one Lua script touch several of
   them. Every key a script uses is passed through ``KEYS``. With
@@ -76,8 +76,10 @@ class Keys:
         return f"{self.global_keyprefix}{{{self.prefix}}}"
 
     @property
-    def delayed(self) -> str:
-        """ZSET entry_id -> due time (ms): parked entries waiting to be due."""
+    def schedule(self) -> str:
+        """ZSET entry_id -> due time (ms): parked entries waiting to be due.
+
+        The Redis key keeps its first name, ``:delayed``, so an upgrade finds what was parked before it."""
         return self.base + ":delayed"
 
     @property
@@ -118,7 +120,7 @@ class Keys:
 
     @property
     def metrics(self) -> str:
-        """HASH ``metric{label="value",...}`` -> integer: the exporter's ``_total`` counters (``metrics.py``)."""
+        """HASH ``metric{label="value",...}`` -> integer: the exporter's ``_total`` counters (``storage/totals.py``)."""
         return self.base + ":metrics"
 
     @property
@@ -232,8 +234,8 @@ class Keys:
         return f"{self.base}:chord:unlock:{group_id}"
 
     def store_keys(self) -> tuple[str, str, str, str, str]:
-        """The keys of the delayed store, in the order the store scripts take them."""
-        return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
+        """The keys of the parked store, in the order the store scripts take them."""
+        return (self.schedule, self.leases, self.payloads, self.queues, self.parked)
 
     def move_keys(self) -> tuple[str, ...]:
         """The keys a move of due entries takes (``move_due.lua``, and ``fetch.lua`` when it moves), in order."""

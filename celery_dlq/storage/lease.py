@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_dlq.redis.keys import Keys
-from celery_dlq.redis.scripts import Scripts
-from celery_dlq.redis.store import to_ms
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.store import to_ms
 
 #: The holder checks with a script that the lease is still its own every this many beats; the beats
 #: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another

@@ -12,8 +12,8 @@ import collections
 import math
 from typing import Any, Iterable
 
-from celery_dlq.redis.keys import Shards
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage.keys import Shards
+from celery_dlq.storage.scripts import Scripts
 
 
 class DeliveryCounters:

@@ -1,6 +1,6 @@
-"""The delayed store and archive split over shards (``dlq_store_shards``), and read as one.
+"""The parked store and archive split over shards (``dlq_store_shards``), and read as one.
 
-Each shard is a key set with its own hash tag (:class:`~celery_dlq.redis.keys.Shards`),
+Each shard is a key set with its own hash tag (:class:`~celery_dlq.storage.keys.Shards`),
 so on a Redis Cluster the shards spread over the masters while every Lua
 script still touches one slot. A task's entries, delivery counters, audit
 markers and archive events live in the shard its id picks; the home set
@@ -8,7 +8,7 @@ markers and archive events live in the shard its id picks; the home set
 before sharding was turned on.
 
 :class:`ShardedStore` gives the readers (operator tools, exporter, web) the
-read and manage half of :class:`~celery_dlq.redis.store.DelayedStore` over
+read and manage half of :class:`~celery_dlq.storage.store.ParkedStore` over
 every shard at once; the worker writes to ``of(task_id)`` and its mover
 serves :attr:`ShardedStore.all`. With one shard it is the plain store.
 """
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from celery_dlq.message import as_text as _text
-from celery_dlq.redis.archive import EventLog
-from celery_dlq.redis.keys import Keys, Shards
-from celery_dlq.redis.replication import Replication
-from celery_dlq.redis.store import DelayedStore, Entry
+from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.store import ParkedStore, Entry
 from celery_dlq.settings import DLQSettings
 
 
@@ -39,10 +39,10 @@ def shards_of(settings: DLQSettings) -> Shards:
 
 @dataclass(frozen=True)
 class Shard:
-    """One shard: its keys, its part of the delayed store, its archive stream."""
+    """One shard: its keys, its part of the parked store, its archive stream."""
 
     keys: Keys
-    store: DelayedStore
+    store: ParkedStore
     archive: EventLog
 
 
@@ -61,7 +61,7 @@ class ShardedStore:
                  clock: Callable[[], float] = time.time, replication: Replication | None = None,
                  register: bool = False) -> None:
         self.client, self.shards, self.register = client, shards, register
-        self._make = lambda keys: Shard(keys, DelayedStore(client, keys, clock=clock, replication=replication),
+        self._make = lambda keys: Shard(keys, ParkedStore(client, keys, clock=clock, replication=replication),
                                         EventLog(client, keys, events_max_length))
         self._made: dict[str, Shard] = {}
         self._by_index = tuple(self._shard(keys) for keys in shards.shards)
@@ -94,10 +94,10 @@ class ShardedStore:
         """The shard of ``task_id``'s entries, counters and events."""
         return self._by_index[self.shards.index(task_id)]
 
-    # -- the read and manage API of DelayedStore, over every shard -----------------
+    # -- the read and manage API of ParkedStore, over every shard -----------------
 
     def entries(self, queue: str | None = None, batch: int = 500) -> Iterator[Entry]:
-        """Parked and leased entries of every shard, earliest first (``DelayedStore.entries``)."""
+        """Parked and leased entries of every shard, earliest first (``ParkedStore.entries``)."""
         if len(self.all) == 1:
             return self.home.store.entries(queue, batch)
         return heapq.merge(*(shard.store.entries(queue, batch) for shard in self.all),
@@ -134,7 +134,7 @@ class ShardedStore:
         shards = self.all
         for shard in shards:
             for low, high in zip(edges_ms, edges_ms[1:]):
-                pipe.zcount(shard.keys.delayed, low, f"({high}")
+                pipe.zcount(shard.keys.schedule, low, f"({high}")
         replies = pipe.execute()
         width = len(edges_ms) - 1
         return [sum(replies[n * width + i] for n in range(len(shards))) for i in range(width)]

@@ -34,9 +34,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from celery_dlq.matching import Pattern
-from celery_dlq.redis.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventType, Field
+from celery_dlq.storage.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventType, Field
 
-#: Field kind (``celery_dlq.redis.archive.Field.kind``) -> Spark SQL type.
+#: Field kind (``celery_dlq.storage.archive.Field.kind``) -> Spark SQL type.
 SPARK_TYPES = {"string": "STRING", "int": "INT", "bigint": "BIGINT", "timestamp": "TIMESTAMP"}
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from celery_dlq.redis.keys import Keys
+from celery_dlq.storage.keys import Keys
 
 KINDS = ("dead_lettered", "parked", "redelivered")
 MINUTES, HOURS = 60, 168

@@ -4,7 +4,7 @@ Events go to a capped Redis Stream, ``{<prefix>}:events`` (``Keys.events``),
 with ``XADD ... MAXLEN ~ dlq_events_max_length`` (0 turns the archive off).
 ``celery dlq export`` copies the stream to Parquet (:mod:`celery_dlq.analytics.export`),
 and the Spark report (:mod:`celery_dlq.analytics`) reads that. The event
-schema and the building of events are :mod:`celery_dlq.redis.events`
+schema and the building of events are :mod:`celery_dlq.storage.events`
 (its names are re-exported here, where the archive's readers import them).
 
 Appending never breaks the engine: each hook builds its events and sends
@@ -21,9 +21,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from celery_dlq import headers as H
 from celery_dlq.message import Envelope, as_text as _text
-from celery_dlq.redis.events import (DATE_PARTITION, ENTRY_NAMES, ID_COLUMN, PAYLOAD_HASH, SCHEMA, SCHEMA_VERSION,
+from celery_dlq.storage.events import (DATE_PARTITION, ENTRY_NAMES, ID_COLUMN, PAYLOAD_HASH, SCHEMA, SCHEMA_VERSION,
                                      Event, EventType, Field, event_of, fields_of, letter_entries, to_us)
-from celery_dlq.redis.scripts import Scripts
+from celery_dlq.storage.scripts import Scripts
 
 __all__ = ["DATE_PARTITION", "ENTRY_NAMES", "ID_COLUMN", "PAYLOAD_HASH", "SCHEMA", "SCHEMA_VERSION", "Event",
            "EventLog", "EventType", "Field", "event_of", "next_id", "parse_id", "to_us"]

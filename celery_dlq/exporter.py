@@ -5,7 +5,7 @@ exporter`` serves it (:func:`serve`), and an app that already serves
 ``/metrics`` (Django, FastAPI, Flower-style) registers it::
 
     from prometheus_client import REGISTRY
-    from celery_dlq.metrics import DLQCollector
+    from celery_dlq.exporter import DLQCollector
     REGISTRY.register(DLQCollector(app))
 
 Nothing is kept in the exporter: every scrape reads Redis, so one exporter
@@ -26,7 +26,7 @@ DLQs and label sets), never O(DLQ depth):
   to their queue (``ZRANGEBYSCORE ... LIMIT``, ``HMGET``) and the rest are reported with
   ``queue=""``: ``sum(celery_dlq_overdue_parked)`` is always exact, and each
   queue's value is exact while at most that many entries are overdue;
-* the ``_total`` counters of :mod:`celery_dlq.redis.metrics` (one ``HGETALL``);
+* the ``_total`` counters of :mod:`celery_dlq.storage.totals` (one ``HGETALL``);
 * ``celery_dlq_scrape_duration_seconds``: what reading all that took;
 * ``celery_dlq_redis_up``: 0 when Redis could not be read. The scrape then
   yields that gauge alone; the collector never raises.
@@ -63,9 +63,9 @@ from prometheus_client.registry import Collector
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.message import as_text, decode_raw
 from celery_dlq.ops.operator import Operator
-from celery_dlq.redis import metrics as totals
-from celery_dlq.redis.client import broker_url, open_client
-from celery_dlq.redis.store import to_ms
+from celery_dlq.storage import totals
+from celery_dlq.storage.client import broker_url, open_client
+from celery_dlq.storage.store import to_ms
 from celery_dlq.settings import DLQSettings
 from celery_dlq.urls import sanitize
 
@@ -102,7 +102,7 @@ def gauge(name: str) -> GaugeMetricFamily:
 
 
 def total(metric: str) -> CounterMetricFamily:
-    """An empty family of the counter ``metric`` (:class:`celery_dlq.redis.metrics.Metric`)."""
+    """An empty family of the counter ``metric`` (:class:`celery_dlq.storage.totals.Metric`)."""
     return CounterMetricFamily(PREFIX + metric, totals.Metric.HELP[metric], labels=list(totals.Metric.LABELS[metric]))
 
 
@@ -305,9 +305,9 @@ class DLQCollector(Collector):
         for shard in self.op.store.all:
             k = shard.keys
             pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
-            for key in (k.delayed, k.leases):
+            for key in (k.schedule, k.leases):
                 pipe.zcount(key, "-inf", cutoff)
-            for key in (k.delayed, k.leases):
+            for key in (k.schedule, k.leases):
                 pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=self.overdue_sample)
             in_delayed, in_leases, due_ids, leased_ids = pipe.execute()
             overdue += int(in_delayed) + int(in_leases)

@@ -6,7 +6,7 @@ letter's event carries the whole dead-letter record (:meth:`Envelope.dumps`:
 headers, body base64), so the archive outlives a purge, a replay or a trim
 of the DLQ. :func:`event_of` builds the event of any message;
 :func:`letter_entry` the entry of a letter read from a DLQ, directly (a
-replay writes one per letter). :mod:`celery_dlq.redis.archive` appends them
+replay writes one per letter). :mod:`celery_dlq.storage.archive` appends them
 to the stream and reads them back.
 
 The payload hash of each event is :func:`celery_dlq.message.payload_hash`.
@@ -28,7 +28,7 @@ PAYLOAD_HASH = "payload_hash"
 class EventType:
     """What happened to a message (the ``type`` of an event)."""
 
-    PARKED = "parked"                # a failed delivery; the message waits in the delayed store
+    PARKED = "parked"                # a failed delivery; the message waits in the parked store
     REDELIVERED = "redelivered"      # the mover published the parked copy back to its queue
     DEAD_LETTERED = "dead_lettered"  # published to its DLQ (carries the full record)
     DROPPED = "dropped"              # last delivery failed with dead_letter=False (carries the record)
@@ -137,7 +137,7 @@ class Event:
 _FIELD_NAMES = tuple(f.name for f in fields(Event))
 _INT_FIELDS = frozenset(f.name for f in SCHEMA if f.kind != "string")
 if _FIELD_NAMES != tuple(f.name for f in SCHEMA):  # pragma: no cover - a schema edit must change both
-    raise RuntimeError("celery_dlq.redis.events: Event's fields and SCHEMA disagree")
+    raise RuntimeError("celery_dlq.storage.events: Event's fields and SCHEMA disagree")
 
 
 #: The names of a stream entry's fields, in order: the schema version, then :data:`SCHEMA`'s.
