@@ -50,8 +50,9 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
@@ -63,10 +64,10 @@ from prometheus_client.registry import Collector
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.message import as_text, decode_raw
 from celery_dlq.ops.operator import Operator
+from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import totals
 from celery_dlq.storage.client import broker_url, open_client
 from celery_dlq.storage.store import to_ms
-from celery_dlq.settings import DLQSettings
 from celery_dlq.urls import sanitize
 
 logger = logging.getLogger(__name__)

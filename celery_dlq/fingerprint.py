@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from celery_dlq.headers import truncate
 
@@ -47,7 +47,7 @@ def normalise(message: str | None) -> str:
 
 
 def failure_group(task: str | None, failure: Mapping[str, str]) -> str:
-    """The group of ``task``'s dead letter for ``failure``: its ``x-dlq-group`` header, as the dead-letterer writes it."""
+    """The group of ``task``'s dead letter for ``failure``: its ``x-dlq-group`` header, as written on the letter."""
     return group_id(task, failure.get("type", ""), truncate(failure.get("message", "")))
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 import traceback as traceback_module
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 
@@ -85,7 +86,8 @@ def describe_exception(exc: BaseException | None, tb: str | None = None) -> dict
 
 def summary(failure: Mapping[str, str]) -> str:
     """``"Type: message"`` for ``x-dlq-last-exception``."""
-    text = f"{failure.get('type', '')}: {failure.get('message', '')}" if failure.get("type") else failure.get("message", "")
+    message = failure.get("message", "")
+    text = f"{failure['type']}: {message}" if failure.get("type") else message
     return truncate(text, MAX_SUMMARY)
 
 

@@ -22,9 +22,10 @@ as Artemis merges address settings.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from celery_dlq.errors import ConfigurationError
 

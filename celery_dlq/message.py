@@ -22,8 +22,9 @@ import binascii
 import hashlib
 import json as std_json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from kombu.utils import json
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from numbers import Real
-from typing import Any, Mapping
+from typing import Any
 
 from kombu.utils.imports import symbol_by_name
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import difflib
 import math
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable, Iterable, Mapping
-
+from typing import Any
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.matching import PatternMap, merge_fields

@@ -14,7 +14,8 @@ prints beside each field it gave.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from celery_dlq.policy import UNLIMITED, validate_fields
 

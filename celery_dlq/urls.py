@@ -10,8 +10,9 @@ Redis wherever a URL is passed; :func:`canonical` builds it from either form.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from kombu.utils.url import maybe_sanitize_url

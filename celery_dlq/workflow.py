@@ -19,7 +19,8 @@ from the member message's ``x-dlq-chord-rule`` header (:func:`chord_rule`).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from celery_dlq import headers as H
 

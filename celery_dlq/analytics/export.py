@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,8 +52,8 @@ from celery_dlq.analytics.checkpoint import Checkpoint, StreamState, checkpoint_
 from celery_dlq.analytics.fs import filesystem
 from celery_dlq.message import Envelope, decode_raw
 from celery_dlq.ops.operator import Operator
-from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.storage.archive import DATE_PARTITION, ID_COLUMN, SCHEMA, EventLog, Field, event_of, parse_id
+from celery_dlq.storage.shards import ShardedStore
 
 logger = logging.getLogger(__name__)
 

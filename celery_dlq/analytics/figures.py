@@ -28,7 +28,7 @@ Definitions (``docs/analytics.md`` repeats them for readers):
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -262,6 +262,7 @@ def replay_counts(flagged: DataFrame) -> DataFrame:
 
 def plan_rows(flagged: DataFrame) -> DataFrame:
     """The replay plan's rows and columns, oldest dead letter first."""
-    return flagged.where(F.col("_selected")).select("task_id", "task_name", "queue", "dlq", "exception_type", "reason", "delivery",
-                           F.col("ts").alias("dead_lettered_at"), "payload_hash", "event_id"
-                           ).orderBy("dead_lettered_at", "task_id")
+    return flagged.where(F.col("_selected")).select(
+        "task_id", "task_name", "queue", "dlq", "exception_type", "reason", "delivery",
+        F.col("ts").alias("dead_lettered_at"), "payload_hash", "event_id",
+    ).orderBy("dead_lettered_at", "task_id")

@@ -4,9 +4,9 @@ No pyspark here: the command line builds these before any JVM starts.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.timespec import parse_duration, parse_moment

@@ -8,8 +8,9 @@ from __future__ import annotations
 import base64
 import io
 from collections import defaultdict
+from collections.abc import Iterable
 from html import escape
-from typing import Any, Iterable
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure

@@ -3,7 +3,8 @@
 Started from the command line (``celery dlq report`` or ``python -m
 celery_dlq.analytics``) with no ``--master``, Spark runs in this process as
 ``local[*]`` with its UI off, bound to 127.0.0.1, logging errors only, few
-shuffle partitions, and the JVM's C1 compiler only (:data:`LOCAL_JAVA_OPTIONS`). Under ``spark-submit`` (which starts the JVM first and
+shuffle partitions, and the JVM's C1 compiler only (:data:`LOCAL_JAVA_OPTIONS`).
+Under ``spark-submit`` (which starts the JVM first and
 tells PySpark through ``PYSPARK_GATEWAY_PORT``) nothing about the master,
 memory, binding or logging is set here: the cluster's configuration and the
 ``--conf`` flags of spark-submit decide. Either way the SQL settings the
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from importlib import resources
-from typing import Iterable
 
 from pyspark.sql import SparkSession
 

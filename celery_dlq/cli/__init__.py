@@ -3,9 +3,11 @@
 The group is :data:`dlq` (:mod:`~celery_dlq.cli.base`); each module below
 adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
 ``show``, ``replay``, ``purge``; ``replay --plan`` in
-:mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.groups` (``groups``), :mod:`~celery_dlq.cli.parked` (``parked``,
-``redeliver``, ``stats``), :mod:`~celery_dlq.cli.analytics` (``export``,
-``report``), :mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web` (``web``), :mod:`~celery_dlq.cli.policy` (``policy``). Printing is
+:mod:`~celery_dlq.cli.plan`), :mod:`~celery_dlq.cli.groups` (``groups``),
+:mod:`~celery_dlq.cli.parked` (``parked``, ``redeliver``, ``stats``),
+:mod:`~celery_dlq.cli.analytics` (``export``, ``report``),
+:mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web`
+(``web``), :mod:`~celery_dlq.cli.policy` (``policy``). Printing is
 :mod:`~celery_dlq.cli.output`.
 
 rich is imported only when something is printed, pyarrow only by ``export``

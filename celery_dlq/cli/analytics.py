@@ -9,7 +9,8 @@ pyspark is imported only when ``report`` runs, after its options are checked.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand, CeleryOption

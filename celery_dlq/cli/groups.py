@@ -7,7 +7,7 @@ its letters. A group's id selects its letters in ``list``, ``replay`` and
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import click
 from celery.bin.base import CeleryCommand

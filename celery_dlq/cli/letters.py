@@ -7,7 +7,8 @@ replays and purges when stdout is a terminal. ``replay --plan`` is
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand
@@ -15,8 +16,7 @@ from celery.bin.base import CeleryCommand
 from celery_dlq import headers as H
 from celery_dlq.cli.base import EXIT_FAILED, Failure, confirm, dlq, operator
 from celery_dlq.cli.options import filter_options, json_option, make_filter
-from celery_dlq.cli.output import (at, console, cut, echo_json, echo_outcome, n_of, print_table, progress,
-                                   workflow_line)
+from celery_dlq.cli.output import at, console, cut, echo_json, echo_outcome, n_of, print_table, progress, workflow_line
 from celery_dlq.cli.plan import refuse_with_plan, replay_plan
 from celery_dlq.ops.letters import DeadLetter, Filter, TaskIds
 from celery_dlq.ops.queue import DeadLetterQueue, Outcome

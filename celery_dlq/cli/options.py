@@ -1,7 +1,8 @@
 """Options several verbs share: the dead-letter filters, ``--json``, and reading a time."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import click
 
 from celery_dlq.ops.queue import Outcome
 from celery_dlq.workflow import summary as workflow_summary
+
 
 def echo_json(rows: Iterable[dict]) -> None:
     """A JSON array, one element at a time: a 10,000-message DLQ is never held whole."""
@@ -46,7 +48,8 @@ def console() -> Any:
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 
 
-def print_table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]], keep: set[str] = set()) -> None:
+def print_table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]],
+                keep: frozenset[str] | set[str] = frozenset()) -> None:
     """A rich table; cells are plain text (a ``[`` in an exception is not markup); ``keep`` columns never wrap."""
     from rich.table import Table
     from rich.text import Text

@@ -13,8 +13,9 @@ import importlib
 import inspect
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger("celery_dlq.internals")
 

@@ -17,7 +17,8 @@ import itertools
 import pickle
 import sys
 import traceback
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from billiard import einfo
 

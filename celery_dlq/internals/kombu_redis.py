@@ -40,7 +40,8 @@ DIRECT_PARK = Feature(
     name="direct park",
     does="parking kombu's own element (moved back inside Redis by one script)",
     fallback="parked copies are stored as envelopes that the mover publishes through kombu",
-    internals=(Internal(f"{_VIRTUAL}:Message", "_raw", INSTANCE_ATTRIBUTE, "the element kombu popped, parked as it is"),),
+    internals=(Internal(f"{_VIRTUAL}:Message", "_raw", INSTANCE_ATTRIBUTE,
+                        "the element kombu popped, parked as it is"),),
 )
 
 #: kombu >= 5.7 only (streaming re-auth of the BRPOP connection); older kombu has nothing to flush.

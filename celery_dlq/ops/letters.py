@@ -11,8 +11,9 @@ they select; nothing here talks to Redis.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from kombu.serialization import loads
 from kombu.utils.uuid import uuid

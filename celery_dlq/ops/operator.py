@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kombu.serialization import prepare_accept_content
 
@@ -24,13 +25,13 @@ from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import trends
 from celery_dlq.storage.chords import ChordLedger
 from celery_dlq.storage.client import broker_client, connect
 from celery_dlq.storage.keys import QueueLists
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore, shards_of
-from celery_dlq.settings import DLQSettings
 
 
 @dataclass(frozen=True)

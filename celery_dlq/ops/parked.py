@@ -8,13 +8,14 @@ lives in ``dlq_redis_url``, so it works whatever the broker is.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.storage.store import ParkedStore, DirectPayload
+from celery_dlq.storage.store import DirectPayload, ParkedStore
 
 
 @dataclass(frozen=True)

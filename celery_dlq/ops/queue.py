@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from kombu.utils.json import JSONEncoder
 
@@ -307,8 +308,8 @@ class DeadLetterQueue:
             gone = [letter for letter, n in zip(letters, results) if n and letter.message]
             self.op.archive.purged(gone, dlq=self.name)
             # A chord waiting for one of them fails now, once (redis/chords.py).
-            fail_purged(self.op.chords, self.op.app,
-                        [(letter.task_id, letter.task_name) for letter in gone if letter.header("group")], dlq=self.name)
+            members = [(letter.task_id, letter.task_name) for letter in gone if letter.header("group")]
+            fail_purged(self.op.chords, self.op.app, members, dlq=self.name)
             out.matched += len(letters)
             out.done += removed
             out.missing += len(letters) - removed

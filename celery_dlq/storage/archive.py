@@ -17,12 +17,27 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from celery_dlq import headers as H
-from celery_dlq.message import Envelope, as_text as _text
-from celery_dlq.storage.events import (DATE_PARTITION, ENTRY_NAMES, ID_COLUMN, PAYLOAD_HASH, SCHEMA, SCHEMA_VERSION,
-                                     Event, EventType, Field, event_of, fields_of, letter_entries, to_us)
+from celery_dlq.message import Envelope
+from celery_dlq.message import as_text as _text
+from celery_dlq.storage.events import (
+    DATE_PARTITION,
+    ENTRY_NAMES,
+    ID_COLUMN,
+    PAYLOAD_HASH,
+    SCHEMA,
+    SCHEMA_VERSION,
+    Event,
+    EventType,
+    Field,
+    event_of,
+    fields_of,
+    letter_entries,
+    to_us,
+)
 from celery_dlq.storage.scripts import Scripts
 
 __all__ = ["DATE_PARTITION", "ENTRY_NAMES", "ID_COLUMN", "PAYLOAD_HASH", "SCHEMA", "SCHEMA_VERSION", "Event",

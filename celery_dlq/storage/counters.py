@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from celery_dlq.storage.keys import Shards
 from celery_dlq.storage.scripts import Scripts

@@ -14,11 +14,13 @@ The payload hash of each event is :func:`celery_dlq.message.payload_hash`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from celery_dlq import headers as H
-from celery_dlq.message import Envelope, RawMessage, as_text as _text, decode_raw, payload_hash
+from celery_dlq.message import Envelope, RawMessage, decode_raw, payload_hash
+from celery_dlq.message import as_text as _text
 
 SCHEMA_VERSION = 1
 #: ``Envelope.extra`` key: a parked copy carries its payload hash, so the mover's events need not hash again.
@@ -175,7 +177,8 @@ def to_us(seconds: Any) -> int | None:
 # -- building events --------------------------------------------------------------
 
 def _as_envelope(letter: Any) -> Envelope:
-    """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw`` (``ops.DeadLetter``).
+    """An Envelope of a dead letter: an Envelope, kombu's raw list element, or anything with ``raw``
+    (``ops.DeadLetter``).
 
     A letter in a DLQ carries the hash of its payload from when it was
     dead-lettered (``x-dlq-payload-hash``; its body has not changed since):

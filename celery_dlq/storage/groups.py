@@ -15,8 +15,9 @@ grows with the number of groups (about 30 fields each), not of letters.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from celery_dlq import headers as H
 from celery_dlq.fingerprint import normalise

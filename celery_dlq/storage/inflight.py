@@ -15,7 +15,8 @@ parked store's due times are.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts

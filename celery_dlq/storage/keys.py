@@ -20,12 +20,14 @@ Redis can be read from this module alone.
 from __future__ import annotations
 
 from bisect import bisect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any
 from zlib import crc32
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS, key_slot
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS
+from redis.crc import key_slot
 
 from celery_dlq.errors import ConfigurationError
 
@@ -340,7 +342,8 @@ class QueueLists:
 
     @classmethod
     def of(cls, transport_options: Mapping[str, Any] | None) -> QueueLists:
-        """The lists of a broker with these ``broker_transport_options`` (``global_keyprefix``, ``priority_steps``, ``sep``)."""
+        """The lists of a broker with these ``broker_transport_options``
+        (``global_keyprefix``, ``priority_steps``, ``sep``)."""
         options = transport_options or {}
         return cls(options.get("global_keyprefix") or "", tuple(options.get("priority_steps") or PRIORITY_STEPS),
                    options.get("sep") or SEP)

@@ -8,7 +8,8 @@ the next page is read as if they were still there.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def tail_range(skip: int, batch: int) -> tuple[int, int]:

@@ -6,7 +6,7 @@ so Redis Cluster can route it) and its arguments. Nothing else reads a
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -45,7 +45,7 @@ SCRIPT_NAMES = (
 PRELUDE = "lib"
 
 
-@lru_cache(maxsize=None)
+@cache
 def script_body(name: str) -> str:
     """The text of ``lua/<name>.lua`` alone, read from the package once per process."""
     if name not in SCRIPT_NAMES and name != PRELUDE:

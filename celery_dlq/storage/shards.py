@@ -17,23 +17,24 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from celery_dlq.message import as_text as _text
+from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.archive import EventLog
 from celery_dlq.storage.keys import Keys, Shards
 from celery_dlq.storage.replication import Replication
-from celery_dlq.storage.store import ParkedStore, Entry
-from celery_dlq.settings import DLQSettings
-
+from celery_dlq.storage.store import Entry, ParkedStore
 
 #: How often a long-running reader or mover looks for the shards of another shard count (seconds).
 LAYOUT_EVERY = 60.0
 
 
 def shards_of(settings: DLQSettings) -> Shards:
-    """The store's key sets of these settings (``dlq_key_prefix``, kombu's ``global_keyprefix``, ``dlq_store_shards``)."""
+    """The store's key sets of these settings
+    (``dlq_key_prefix``, kombu's ``global_keyprefix``, ``dlq_store_shards``)."""
     return Shards(settings.key_prefix, settings.global_keyprefix, settings.store_shards)
 
 

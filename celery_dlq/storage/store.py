@@ -19,19 +19,20 @@ operation over several keys is one Lua script (see ``celery_dlq/storage/lua``).
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import as_text as _text
 from celery_dlq.storage import totals, trends
 from celery_dlq.storage.keys import Keys
-from celery_dlq.storage.totals import Metric
 from celery_dlq.storage.replication import Replication
 from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.totals import Metric
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The exporter's ``_total`` counters, kept in one Redis hash (:attr:`Keys.metrics <celery_dlq.storage.keys.Keys.metrics>`).
+"""The exporter's ``_total`` counters, in one Redis hash (:attr:`~celery_dlq.storage.keys.Keys.metrics`).
 
 Every worker and operator process raises the same hash, so the counters are
 global, survive restarts, and one exporter reads them all with one
@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from celery_dlq.storage.keys import Keys
 

@@ -12,8 +12,9 @@ measured figure), whatever the rate.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from celery_dlq.storage.keys import Keys
 

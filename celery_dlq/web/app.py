@@ -13,7 +13,8 @@ clients are thread-safe; Starlette runs the page functions in its thread pool).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import redis
 from starlette.applications import Starlette
@@ -24,10 +25,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from celery_dlq.urls import sanitize
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops.operator import Operator
 from celery_dlq.settings import web_token
+from celery_dlq.urls import sanitize
 from celery_dlq.web import actions, api, views
 from celery_dlq.web.auth import Access
 from celery_dlq.web.jobs import Jobs

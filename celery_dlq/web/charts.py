@@ -6,8 +6,9 @@ Content-Security-Policy (``default-src 'self'``) stays as strict as it is.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any
 
 from markupsafe import Markup, escape
 
@@ -79,7 +80,8 @@ def trend_sections(trends: Any) -> list[dict]:
             "per_minute": bars(per_minute, [f"{minute_label(first_minute + i)} UTC: {n} {what}"
                                             for i, n in enumerate(per_minute)],
                                width=360, height=60, label=f"{title} per minute, the last hour", css="trend"),
-            "per_hour": bars(per_hour, [f"{hour_label(first_hour + i)} UTC: {n} {what}" for i, n in enumerate(per_hour)],
+            "per_hour": bars(per_hour, [f"{hour_label(first_hour + i)} UTC: {n} {what}"
+                                        for i, n in enumerate(per_hour)],
                              width=504, height=60, label=f"{title} per hour, the last 7 days", css="trend"),
         })
     return sections

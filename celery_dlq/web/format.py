@@ -59,17 +59,21 @@ def cut(value: Any, limit: int = 120) -> str:
 COUNTERS = {
     "dead_letters_now": ("in DLQs now", "Dead letters in every DLQ right now, every priority sub-list counted."),
     "parked_now": ("waiting for a retry now", "Failed deliveries parked right now, waiting to be due."),
-    "dead_lettered": ("dead-lettered since start",
-                      "Messages put in a DLQ since this key prefix was first used (replays that fail again count again)."),
-    "parked": ("parked since start", "Failed deliveries parked for a later retry since this key prefix was first used."),
+    "dead_lettered": ("dead-lettered since start", "Messages put in a DLQ since this key prefix was first used "
+                      "(replays that fail again count again)."),
+    "parked": ("parked since start",
+               "Failed deliveries parked for a later retry since this key prefix was first used."),
     "redelivered": ("retried since start", "Parked retries moved back to their queue when due (or redelivered now)."),
-    "dropped": ("dropped since start", "Messages given up on with no DLQ to keep them (dead_letter=False, expired='drop')."),
+    "dropped": ("dropped since start",
+                "Messages given up on with no DLQ to keep them (dead_letter=False, expired='drop')."),
     "expired": ("expired since start", "Messages whose Celery expires passed: dead-lettered or dropped."),
-    "replayed": ("replayed by operators", "Dead letters sent back to a queue by celery dlq replay or this dashboard."),
+    "replayed": ("replayed by operators",
+                 "Dead letters sent back to a queue by celery dlq replay or this dashboard."),
     "purged": ("purged by operators", "Dead letters deleted by celery dlq purge or this dashboard."),
-    "dead_letters_trimmed": ("trimmed by retention", "Dead letters deleted over a DLQ's dead_letter_max_length or ttl."),
-    "dead_letter_duplicates_suppressed": ("duplicates suppressed",
-                                          "Redelivered copies of a message already dead-lettered, not dead-lettered twice."),
+    "dead_letters_trimmed": ("trimmed by retention",
+                             "Dead letters deleted over a DLQ's dead_letter_max_length or ttl."),
+    "dead_letter_duplicates_suppressed": (
+        "duplicates suppressed", "Redelivered copies of a message already dead-lettered, not dead-lettered twice."),
 }
 
 
@@ -81,4 +85,5 @@ def counter_help(name: str) -> str:
     return COUNTERS.get(name, ("", f"the {name} counter"))[1] + f" (celery dlq stats: {name})"
 
 
-FILTERS = {"counter_label": counter_label, "counter_help": counter_help, "at": at, "age": age, "due_in": due_in, "segment": segment, "pretty": pretty, "cut": cut}
+FILTERS = {"counter_label": counter_label, "counter_help": counter_help, "at": at, "age": age, "due_in": due_in,
+           "segment": segment, "pretty": pretty, "cut": cut}

@@ -13,8 +13,8 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from celery_dlq.ops.queue import Outcome
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ filtered view is a bookmarkable URL that reads like the command line.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from celery_dlq.errors import ConfigurationError
@@ -42,7 +43,8 @@ class Query:
         if values.get("reason") and values["reason"] not in Reason.ALL:
             raise BadQuery(f"reason must be one of {', '.join(Reason.ALL)}, got {values['reason']!r}")
         if values.get("group") and not is_group_id(values["group"]):
-            raise BadQuery(f"group must be a group id (16 hex digits, as the groups page shows), got {values['group']!r}"[:200])
+            raise BadQuery("group must be a group id (16 hex digits, as the groups page shows), "
+                           f"got {values['group']!r}"[:200])
         order = params.get("order") or "newest"
         if order not in ("newest", "oldest"):
             raise BadQuery(f"order must be newest or oldest, got {order!r}")

@@ -19,9 +19,9 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 #: Lowest first: a role may do everything the roles before it may.

@@ -15,13 +15,13 @@ from celery_dlq import headers as H
 from celery_dlq.ops.groups import GroupReport
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.storage.trends import KINDS
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
 from celery_dlq.storage.lists import oldest_pages
-from celery_dlq.web.users import TOKEN_USER
+from celery_dlq.storage.trends import KINDS
 from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
+from celery_dlq.web.users import TOKEN_USER
 
 #: Parked retries listed per page.
 PARKED_LIMIT = 200
@@ -88,7 +88,8 @@ def dlq_page(request: Request) -> Response:
     window = read_window(dead, query.start, query.size, newest_first=query.newest_first, where=query.selection())
     return render(request, "dlq.html", dead=dead, query=query, window=window, sizes=PAGE_SIZES,
                   reasons=H.Reason.ALL,
-                  letters=[(anchor, letter, letter.as_dict()) for (_, letter), anchor in zip(window.letters, window.anchors)])
+                  letters=[(anchor, letter, letter.as_dict())
+                           for (_, letter), anchor in zip(window.letters, window.anchors)])
 
 
 def letter_page(request: Request) -> Response:

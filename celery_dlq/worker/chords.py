@@ -13,7 +13,8 @@ keys from expiring.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from celery import states
 from redis.exceptions import RedisError
@@ -23,8 +24,16 @@ from celery_dlq.errors import ChordMemberDeadLettered
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.internals.celery_backend import keep_chord_keys
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.storage.chords import (CONTINUED, FAILED, WAITING, ChordLedger, chord_fields, part_return,
-                                     resume_unlock, take_chord)
+from celery_dlq.storage.chords import (
+    CONTINUED,
+    FAILED,
+    WAITING,
+    ChordLedger,
+    chord_fields,
+    part_return,
+    resume_unlock,
+    take_chord,
+)
 from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import CHORD_CONTINUE, CHORD_FAIL, CHORD_WAIT, describe_failure, placeholder, rule_of
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kombu import Exchange, Queue
 from kombu.utils.uuid import uuid
@@ -34,13 +35,13 @@ from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.storage import groups, totals, trends
 from celery_dlq.storage.client import broker_client
 from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists, Stat
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.storage.totals import Metric
-from celery_dlq.signals import send_isolated, task_dead_lettered
 from celery_dlq.worker.retention import Retention
 from celery_dlq.worker.task_events import TaskEvents
 
@@ -139,7 +140,8 @@ class DeadLetterer:
             headers = envelope.headers
             at = float(headers.get(H.DEAD_LETTERED_AT) or 0)
             gid, reason = groups.membership(headers)
-            scripts.run("dead_letter", [self.lists.key(dlq, envelope.properties.get("priority")), self.lists.groups(dlq)],
+            lists = [self.lists.key(dlq, envelope.properties.get("priority")), self.lists.groups(dlq)]
+            scripts.run("dead_letter", lists,
                         [envelope.element("", dlq, uuid()), gid, reason, repr(at), groups.hour_of(at),
                          groups.describe(headers, envelope.task_id)])
             return

@@ -12,7 +12,8 @@ install them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from celery_dlq import headers as H
 from celery_dlq.message import queue_of

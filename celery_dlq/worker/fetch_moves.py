@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK

@@ -38,8 +38,8 @@ def marker_wait(check: Any, brpop_timeout: Any, age: float, fetch_wait: float, r
 def wait_text(how: str, listener: bool, fetch_wait: float) -> str:
     """The INFO line a channel logs when how it waits idle changes."""
     if how == MARKERS:
-        return "celery-dlq: an idle fetch waits for the fetch listener, which wakes one worker per message on any list " \
-               "it watches"
+        return ("celery-dlq: an idle fetch waits for the fetch listener, which wakes one worker per message "
+                "on any list it watches")
     why = "dlq_fetch_listener is off" if not listener else "not yet, or none runs"
     return (f"celery-dlq: no fetch listener hears every queue of this worker ({why}): an idle fetch blocks on its "
             f"first list and looks at every list each {fetch_wait:g}s")

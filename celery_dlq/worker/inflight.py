@@ -23,7 +23,8 @@ import os
 import socket
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from celery_dlq.internals.kombu_redis import unsettled_tags
 from celery_dlq.storage.inflight import InFlight

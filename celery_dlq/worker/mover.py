@@ -13,13 +13,13 @@ slow Redis never stalls the consumer's event loop.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
-from dataclasses import replace
 import logging
 import os
 import socket
 import threading
 import time
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from celery import bootsteps
@@ -34,9 +34,9 @@ from celery_dlq.storage.client import blocking_client, broker_url, listener_clie
 from celery_dlq.storage.inflight import InFlight
 from celery_dlq.storage.keys import Keys, Stat
 from celery_dlq.storage.lease import MoverLease
-from celery_dlq.storage.totals import Metric
 from celery_dlq.storage.shards import Shard
 from celery_dlq.storage.store import DirectPayload
+from celery_dlq.storage.totals import Metric
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.inflight import Beats

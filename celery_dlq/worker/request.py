@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery import states
@@ -24,8 +25,13 @@ from celery_dlq import headers as H
 from celery_dlq.errors import MessageExpired
 from celery_dlq.headers import Reason
 from celery_dlq.internals.base import usable
-from celery_dlq.internals.celery_worker import (EXPIRED_TAKEOVER, mark_revoked, request_context, revoked_expired,
-                                                was_revoked_or_cancelled)
+from celery_dlq.internals.celery_worker import (
+    EXPIRED_TAKEOVER,
+    mark_revoked,
+    request_context,
+    revoked_expired,
+    was_revoked_or_cancelled,
+)
 from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.storage.chords import take_chord
 from celery_dlq.worker.runtime import MessageContext, runtime_of

@@ -20,7 +20,8 @@ import heapq
 import logging
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from celery_dlq.message import decode_raw
 from celery_dlq.policy import RedeliveryPolicy
@@ -94,7 +95,7 @@ class Retention:
                 args += [keys.index(key) + 2, raw, *groups.membership(decode_raw(raw).headers)]
             gone: dict[str, list[bytes]] = {}
             removed_flags = self.scripts.run("remove_letters", [self.lists.groups(dlq), *keys], args)
-            for (key, raw, why), removed in zip(victims, removed_flags):
+            for (_key, raw, why), removed in zip(victims, removed_flags):
                 if removed:
                     trimmed += 1
                     self._log(dlq, raw, why)

@@ -16,33 +16,36 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 
 from celery.utils.saferepr import saferepr
 from kombu.compression import compress
-from kombu.serialization import dumps as encode_body, loads as decode_body, prepare_accept_content, registry
+from kombu.serialization import dumps as encode_body
+from kombu.serialization import loads as decode_body
+from kombu.serialization import prepare_accept_content, registry
 from kombu.utils import json
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
-from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.element import SOURCE_TAG_PROPERTY, redelivery_element, with_body
+from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK, raw_element
 from celery_dlq.message import Envelope, queue_of, with_task_arguments
 from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.settings import DLQSettings
+from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.storage.archive import PAYLOAD_HASH, EventLog
 from celery_dlq.storage.client import broker_client, broker_url, worker_client
 from celery_dlq.storage.counters import DeliveryCounters
 from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists
-from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import Shard, ShardedStore, shards_of
-from celery_dlq.storage.store import ParkedStore, DirectPayload
-from celery_dlq.settings import DLQSettings
-from celery_dlq.signals import send_isolated, task_redelivery_scheduled
+from celery_dlq.storage.store import DirectPayload, ParkedStore
 from celery_dlq.tasklevel import task_levels
 from celery_dlq.worker.chords import ChordMembers
 from celery_dlq.worker.deadletter import DeadLetterer

@@ -40,7 +40,7 @@ class Settings(bootsteps.Step):
     def create(self, c: Any) -> None:
         try:
             self.runtime.validate()
-            self.runtime.settings.redis_url   # a worker needs the store, even where install() did not
+            _ = self.runtime.settings.redis_url   # a worker needs the store, even where install() did not
         except ConfigurationError as exc:
             # One line naming the setting, exit status 1: not a traceback through Celery's bootsteps.
             raise SystemExit(f"celery-dlq: the worker cannot start: {exc}") from None

@@ -24,8 +24,9 @@ Two cases must not count as deliveries:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery import signals

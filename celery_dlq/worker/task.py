@@ -23,7 +23,6 @@ from celery_dlq.message import queue_of
 from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
 
-
 #: Request attribute: the exception ``self.retry()`` raised because the retry would come after ``expires``.
 EXPIRED_RETRY = "celery_dlq_expired_retry"
 

@@ -67,19 +67,41 @@ from kombu.utils.json import loads
 from kombu.utils.uuid import uuid
 
 from celery_dlq.element import envelope_error
-from celery_dlq.internals.kombu_redis import (consume_order, deliver, flush_reauth, forget_held, held_tags,
-                                              list_key, rotate, set_in_poll)
+from celery_dlq.internals.kombu_redis import (
+    consume_order,
+    deliver,
+    flush_reauth,
+    forget_held,
+    held_tags,
+    list_key,
+    rotate,
+    set_in_poll,
+)
 from celery_dlq.storage.inflight import InFlight
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts, script_source
 from celery_dlq.worker import inflight as process
-from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.fetch_moves import FetchMoves
-from celery_dlq.worker.fetch_wait import (FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY,
-                                          TOKEN_TTL_MS, marker_wait, wait_text)
+from celery_dlq.worker.fetch_wait import (
+    FALLBACK,
+    FETCH,
+    HEARD_FOR,
+    MARKER_WAIT,
+    MARKERS,
+    REGISTER_EVERY,
+    TOKEN_TTL_MS,
+    marker_wait,
+    wait_text,
+)
 from celery_dlq.worker.rejects import reject, release_quarantine
-from celery_dlq.worker.transport_setup import (OPTION_INFLIGHT, OPTION_LISTENER, OPTION_PREFIX, OPTION_RUNTIME,
-                                               OPTION_WAIT)
+from celery_dlq.worker.runtime import runtime_by_ident
+from celery_dlq.worker.transport_setup import (
+    OPTION_INFLIGHT,
+    OPTION_LISTENER,
+    OPTION_PREFIX,
+    OPTION_RUNTIME,
+    OPTION_WAIT,
+)
 
 logger = logging.getLogger(__name__)
 
