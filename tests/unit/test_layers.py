@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 from celery import Celery
 
 import celery_dlq
@@ -121,3 +122,22 @@ def test_the_architecture_doc_lists_every_module():
                if p.name != "__init__.py" or p.parent == root}
     text = (root.parent / "docs" / "architecture.md").read_text()
     assert sorted(modules - listed_modules(text)) == [], "add them to docs/architecture.md's listing"
+
+
+@pytest.mark.parametrize("module", ["celery_dlq", "celery_dlq.manage", "celery_dlq.ops", "celery_dlq.cli",
+                                    "celery_dlq.exporter", "celery_dlq.web"])
+def test_importing_the_operator_side_loads_no_worker_module(module):
+    """The package root is lazy (PEP 562): an operator's process never loads the worker side."""
+    code = (f"import sys, {module}; "
+            "print(sorted(m for m in sys.modules if m.startswith('celery_dlq.worker')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_package_root_still_gives_the_worker_names():
+    code = ("import sys, celery_dlq; assert 'celery_dlq.worker.install' not in sys.modules; "
+            "from celery_dlq import RedeliveryTask, install, delivery_count; "
+            "assert RedeliveryTask.__module__ == 'celery_dlq.worker.task' and callable(install); "
+            "assert set(celery_dlq.__all__) <= set(dir(celery_dlq))")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
