@@ -76,7 +76,7 @@ def _multiplier(name: str, value: Any) -> float:
 
 
 def _factor(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= value <= 1.0:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) <= 1.0:
         raise _fail(name, value, "a number in [0.0, 1.0]")
     return float(value)
 
@@ -192,11 +192,17 @@ class RedeliveryPolicy:
 
     # -- what a failure turns into ------------------------------------------
 
+    @property
+    def cap(self) -> float:
+        """``max_redelivery_delay``, which ``__post_init__`` always sets."""
+        assert self.max_redelivery_delay is not None
+        return self.max_redelivery_delay
+
     def delay_after(self, n: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after the ``n``-th failed delivery (``n`` = 1 after the first)."""
         return compute_delay(
             n, delay=self.redelivery_delay, multiplier=self.redelivery_multiplier,
-            cap=self.max_redelivery_delay, factor=self.redelivery_collision_avoidance_factor,
+            cap=self.cap, factor=self.redelivery_collision_avoidance_factor,
             rng=rng or _default_rng, full_jitter=self.redelivery_full_jitter)
 
     def is_retryable(self, exc: BaseException) -> bool:

@@ -59,7 +59,8 @@ def parse(url: str, options: Mapping[str, Any] | None = None) -> SentinelSpec:
     """
     options = options or {}
     sentinels: list[tuple[str, int]] = []
-    db, username, password, query = 0, None, None, {}
+    db, username, password = 0, None, None
+    query: dict[str, str] = {}
     for part in (p.strip() for p in url.split(";")):
         if not part:
             continue

@@ -255,7 +255,7 @@ def export_store(client: Any, store: ShardedStore, out: str) -> ExportResult:
     lost = [r.events_lost for r in results]
     return ExportResult(rows=sum(r.rows for r in results), files=tuple(f for r in results for f in r.files),
                         last_id=max(ids, key=parse_id) if ids else None,
-                        events_lost=None if None in lost else sum(lost),
+                        events_lost=None if None in lost else sum(n or 0 for n in lost),
                         seconds=sum(r.seconds for r in results))
 
 

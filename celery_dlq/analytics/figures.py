@@ -64,8 +64,9 @@ LEAN_COLUMNS = ("event_id", "event_type", "task_id", "task_name")
 US_PER_DAY = 86_400_000_000
 PERCENTILES = (0.5, 0.9, 0.99)
 #: Upper bounds (seconds) of the time-to-dead-letter histogram's buckets; the last is open.
-LATENCY_BUCKETS = ((1, "< 1 s"), (10, "1-10 s"), (60, "10 s-1 min"), (600, "1-10 min"),
-                   (3600, "10 min-1 h"), (6 * 3600, "1-6 h"), (86400, "6 h-1 d"), (None, ">= 1 d"))
+LATENCY_BUCKETS: tuple[tuple[int | None, str], ...] = (
+    (1, "< 1 s"), (10, "1-10 s"), (60, "10 s-1 min"), (600, "1-10 min"),
+    (3600, "10 min-1 h"), (6 * 3600, "1-6 h"), (86400, "6 h-1 d"), (None, ">= 1 d"))
 
 
 def read_events(spark: SparkSession, path: str) -> DataFrame:
@@ -146,7 +147,8 @@ def latency_percentiles(latency: DataFrame) -> DataFrame:
 def latency_histogram(latency: DataFrame) -> DataFrame:
     bucket: Column = F.lit(len(LATENCY_BUCKETS) - 1)
     for index in reversed(range(len(LATENCY_BUCKETS) - 1)):
-        bucket = F.when(F.col("seconds") < LATENCY_BUCKETS[index][0], index).otherwise(bucket)
+        bound = LATENCY_BUCKETS[index][0]   # only the last bucket is open-ended
+        bucket = F.when(F.col("seconds") < (bound or 0), index).otherwise(bucket)
     return latency.groupBy(bucket.alias("bucket")).agg(F.count("*").alias("dead_letters")).orderBy("bucket")
 
 
@@ -225,12 +227,12 @@ def in_dlq(events: DataFrame) -> DataFrame:
 
 def matching_names(names: Iterable[str | None], wanted: Iterable[str], kind: str) -> list[str]:
     """The names among ``names`` that a predicate selects (exact/suffix for exceptions, patterns for tasks)."""
-    names = [n for n in names if n]
+    present = [n for n in names if n]
     wanted = list(wanted)
     if kind == "exception":
-        return sorted({n for n in names for w in wanted if n == w or n.endswith("." + w)})
+        return sorted({n for n in present for w in wanted if n == w or n.endswith("." + w)})
     patterns = [Pattern.parse(w, "--replay-task") for w in wanted]
-    return sorted({n for n in names if any(p.matches(n) for p in patterns)})
+    return sorted({n for n in present if any(p.matches(n) for p in patterns)})
 
 
 def replay_flags(candidates: DataFrame, poison_hashes: DataFrame, *, exceptions: list[str] | None,

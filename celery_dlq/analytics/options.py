@@ -61,9 +61,15 @@ class ReportOptions:
         object.__setattr__(self, "replay_tasks", tuple(self.replay_tasks))
 
     @property
+    def moment(self) -> datetime:
+        """``as_of``, which ``__post_init__`` always sets."""
+        assert self.as_of is not None
+        return self.as_of
+
+    @property
     def as_of_us(self) -> int:
         """``as_of`` in integer microseconds since the epoch."""
-        delta = self.as_of - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        delta = self.moment - datetime(1970, 1, 1, tzinfo=timezone.utc)
         return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
 
     def predicates(self) -> dict:

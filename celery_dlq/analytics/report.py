@@ -64,8 +64,8 @@ class Report:
         try:
             events = self._cache(M.read_events(self.spark, self.options.in_path))
             dead = self._cache(M.dead_letters(events))
-            report = {"version": REPORT_VERSION, "generated_at": _iso(datetime.now(timezone.utc)),
-                      "as_of": _iso(self.options.as_of), "source": self.options.in_path}
+            report: dict[str, Any] = {"version": REPORT_VERSION, "generated_at": _iso(datetime.now(timezone.utc)),
+                      "as_of": _iso(self.options.moment), "source": self.options.in_path}
             report["events"] = self.event_counts(events)
             report["dead_letters"] = {"total": report["events"]["by_type"].get(M.DEAD, 0),
                                       "dropped": report["events"]["by_type"].get(M.DROPPED, 0),
@@ -112,7 +112,7 @@ class Report:
         return {"min_dead_letters": self.options.poison_min_dead_letters, "count": poison.count(), "top": top}
 
     def trend(self, dead: DataFrame) -> dict[str, Any]:
-        as_of = self.options.as_of
+        as_of = self.options.moment
         rows = self.table("trend_by_queue", M.trend_by_queue(dead, self.options.as_of_us))
         last, previous = sum(r["last_7d"] for r in rows), sum(r["previous_7d"] for r in rows)
         return {"last_7d": {"start": _iso(as_of - timedelta(days=7)), "end": _iso(as_of), "dead_letters": last},
@@ -144,7 +144,7 @@ class Report:
         M.plan_rows(flagged).coalesce(1).write.mode("overwrite").parquet(f"{self.out}/{PLAN_DIR}/{ENTRIES}")
         total = {k: sum(row[k] for row in counts) for k in ("in_dlq", "matched", "selected")}
         manifest = {"version": PLAN_VERSION, "created_at": _iso(datetime.now(timezone.utc)),
-                    "as_of": _iso(opts.as_of), "source": opts.in_path, "predicates": opts.predicates(),
+                    "as_of": _iso(opts.moment), "source": opts.in_path, "predicates": opts.predicates(),
                     "counts": {"in_dlq": total["in_dlq"], "matched": total["matched"],
                                "excluded_poison": total["matched"] - total["selected"], "selected": total["selected"]},
                     "by_dlq": {row["dlq"]: row["selected"] for row in counts if row["selected"]},

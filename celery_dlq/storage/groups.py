@@ -63,9 +63,8 @@ def describe(headers: Mapping[str, Any], task_id: str | None) -> str:
 
 def membership(headers: Mapping[str, Any]) -> tuple[str, str]:
     """``(group id, reason)`` of a stored dead letter, as the removing scripts take them ('' when it has none)."""
-    gid = headers.get(H.GROUP)
-    reason = headers.get(H.REASON)
-    return (gid if is_group_id(gid) else "", reason if isinstance(reason, str) else "")
+    gid, reason = headers.get(H.GROUP), headers.get(H.REASON)
+    return (gid if isinstance(gid, str) and is_group_id(gid) else "", reason if isinstance(reason, str) else "")
 
 
 def is_group_id(value: Any) -> bool:
@@ -91,8 +90,8 @@ def parse(dlq: str, fields: Mapping[bytes, bytes], now: float) -> list[GroupStat
         if kind == "r":
             row["reasons"][tail] = _int(value)
         elif kind == "h":
-            stamp, _, count = value.partition(":")
-            row["hours"][_int(stamp)] = _int(count)
+            stamp, _, in_hour = value.partition(":")
+            row["hours"][_int(stamp)] = _int(in_hour)
         elif kind in ("n", "first", "last", "m"):
             row[kind] = value
     now_hour = hour_of(now)

@@ -50,7 +50,7 @@ def script_body(name: str) -> str:
     """The text of ``lua/<name>.lua`` alone, read from the package once per process."""
     if name not in SCRIPT_NAMES and name != PRELUDE:
         raise KeyError(f"no Lua script named {name!r}")
-    return resources.files("celery_dlq.storage").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return resources.files("celery_dlq.storage").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
 
 
 def script_source(name: str) -> str:
