@@ -75,6 +75,9 @@ fi
 
 # Import layering (pyproject.toml [tool.importlinter]); tests/unit/test_layers.py checks it too.
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
+# Lint and import order, then types (pyproject.toml [tool.ruff], [tool.mypy]).
+.venv/bin/ruff check celery_dlq
+.venv/bin/mypy
 
 # Two pytest-xdist workers (tests/conftest.py keeps the Spark tests on one and
 # starts the slow ones first); PYTEST_WORKERS=0 runs in one process.
