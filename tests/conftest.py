@@ -3,7 +3,6 @@ from __future__ import annotations
 import os
 import uuid
 
-import fakeredis
 import pytest
 import redis
 
@@ -54,28 +53,8 @@ def real_redis(redis_server):
     client.close()
 
 
-def _fake_or_real(request) -> redis.Redis:
-    if request.param == "fakeredis":
-        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    return redis.Redis.from_url(request.getfixturevalue("redis_server").url)
-
-
-@pytest.fixture(params=["fakeredis", "redis-server"])
-def any_redis(request):
-    """Run a test once on fakeredis (with Lua) and once on the real server."""
-    client = _fake_or_real(request)
-    yield client
-    client.close()
-
-
-@pytest.fixture(params=["fakeredis", "redis"])
-def emptied_any_redis(request):
-    """As ``any_redis``, for tests that read the whole database: the real server's is emptied after the test."""
-    client = _fake_or_real(request)
-    yield client
-    if request.param == "redis":
-        client.flushdb()
-    client.close()
+# ``any_redis`` and ``emptied_any_redis``: fakeredis (with Lua) under tests/unit, the test run's
+# redis-server under tests/integration, where tests/integration/on_redis runs the same tests again.
 
 
 @pytest.fixture

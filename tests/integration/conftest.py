@@ -25,6 +25,21 @@ CANARY = "canary"
 _db_counter = itertools.cycle(range(1, 16))
 
 
+@pytest.fixture
+def any_redis(redis_server):
+    """The test run's redis-server: the tests under on_redis/ take it where tests/unit gives fakeredis."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def emptied_any_redis(any_redis):
+    """As ``any_redis``, for tests that read the whole database: emptied after the test."""
+    yield any_redis
+    any_redis.flushdb()
+
+
 class Worker:
     """A `celery worker` subprocess (prefork) for the test app in tests/integration/proj.py."""
 

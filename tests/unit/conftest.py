@@ -1,4 +1,4 @@
-"""Fixtures shared by the operator-tool unit tests (manage.py, the CLI)."""
+"""Fixtures of the unit tests: fakeredis only (a test that needs a redis-server lives in tests/integration)."""
 from __future__ import annotations
 
 import fakeredis
@@ -12,6 +12,19 @@ def fake():
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     yield client
     client.close()
+
+
+@pytest.fixture
+def any_redis():
+    """A fresh fakeredis server; tests/integration/on_redis runs the tests that take it on a real redis-server."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def emptied_any_redis(any_redis):
+    return any_redis
 
 
 @pytest.fixture
