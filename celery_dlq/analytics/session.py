@@ -40,8 +40,7 @@ LOCAL_DEFAULTS = {
     "spark.sql.adaptive.enabled": "true",
 }
 #: JVM options of a local driver this process starts (before the user's, which win): a report is a short
-#: batch job, and C2's compiler threads took a third of a cold run's CPU from the few cores it had; C1 alone
-#: compiles what the report runs soon enough (bench/bench_analytics.py, 1M events: cold -26% CPU, warm -4%).
+#: batch job, so the C1 compiler alone (no C2 threads competing for a few cores); BENCHMARKS.md has the figures.
 LOCAL_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 #: Quiet logging for a driver this process starts (any master).
 LOG_CONF = "log4j2.properties"
