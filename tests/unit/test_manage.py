@@ -22,7 +22,7 @@ from celery_dlq import headers as H
 from celery_dlq.cli import base as cli_base
 from celery_dlq.cli.options import parse_time
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
+from celery_dlq.ops import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
                                TaskIds, UnknownQueue)
 from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 from celery_dlq.policy import RedeliveryPolicy
