@@ -179,8 +179,7 @@ def purge(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything:
 def _report(name: str, out: Outcome, verb: str) -> None:
     """One summary line (plus missing, not found and failed ones); exit 1 when nothing matched or some failed."""
     if not out.matched:
-        raise Failure(f"nothing matched in {name}" + (f" (no task id {', '.join(out.not_found[:20])})"
-                                                     if out.not_found else ""))
+        raise Failure(f"nothing matched in {name}")
     echo_outcome(name, out, verb)
     if out.failed:
         raise Failure(f"{n_of(len(out.failed), 'dead letter')} could not be handled", EXIT_FAILED)
