@@ -144,3 +144,18 @@ def test_the_package_root_still_gives_the_worker_names():
             "assert RedeliveryTask.__module__ == 'celery_dlq.worker.task' and callable(install); "
             "assert set(celery_dlq.__all__) <= set(dir(celery_dlq))")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_the_operator_api_has_no_cycle_even_through_type_checking_imports():
+    """ops/ imports one way (operator -> queue, groups, plan -> backend), annotations included."""
+    graph = grimp.build_graph("celery_dlq", exclude_type_checking_imports=False, cache_dir=None)
+    ops = grimp.ImportGraph()
+    for module in graph.modules:
+        if module.startswith("celery_dlq.ops."):
+            ops.add_module(module)
+    for module in ops.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported in ops.modules:
+                ops.add_import(importer=module, imported=imported)
+    assert "celery_dlq.ops.backend" in ops.find_modules_directly_imported_by("celery_dlq.ops.queue")
+    assert find_cycle(ops) is None
