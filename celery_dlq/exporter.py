@@ -26,7 +26,7 @@ DLQs and label sets), never O(DLQ depth):
   to their queue (``ZRANGEBYSCORE ... LIMIT``, ``HMGET``) and the rest are reported with
   ``queue=""``: ``sum(celery_dlq_overdue_parked)`` is always exact, and each
   queue's value is exact while at most that many entries are overdue;
-* the ``_total`` counters of :mod:`celery_dlq.storage.totals` (one ``HGETALL``);
+* the ``_total`` counters (``Operator.totals``: one ``HGETALL`` per shard);
 * ``celery_dlq_scrape_duration_seconds``: what reading all that took;
 * ``celery_dlq_redis_up``: 0 when Redis could not be read. The scrape then
   yields that gauge alone; the collector never raises.
@@ -49,7 +49,6 @@ import logging
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,13 +60,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
-from celery_dlq.errors import BrokerNotSupported
-from celery_dlq.message import as_text, decode_raw
-from celery_dlq.ops.operator import Operator
-from celery_dlq.settings import DLQSettings
-from celery_dlq.storage import totals
-from celery_dlq.storage.client import broker_url, open_client
-from celery_dlq.storage.store import to_ms
+from celery_dlq.ops import Operator
+from celery_dlq.ops.operator import Metric as Totals
+from celery_dlq.ops.operator import broker_url_of
 from celery_dlq.urls import sanitize
 
 logger = logging.getLogger(__name__)
@@ -103,8 +98,8 @@ def gauge(name: str) -> GaugeMetricFamily:
 
 
 def total(metric: str) -> CounterMetricFamily:
-    """An empty family of the counter ``metric`` (:class:`celery_dlq.storage.totals.Metric`)."""
-    return CounterMetricFamily(PREFIX + metric, totals.Metric.HELP[metric], labels=list(totals.Metric.LABELS[metric]))
+    """An empty family of the counter ``metric`` (``Operator.totals``' :class:`~celery_dlq.ops.operator.Metric`)."""
+    return CounterMetricFamily(PREFIX + metric, Totals.HELP[metric], labels=list(Totals.LABELS[metric]))
 
 
 def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
@@ -113,17 +108,7 @@ def scrape_operator(app: Any, timeout: float = REDIS_TIMEOUT) -> Operator:
     On a broker that is not Redis the DLQs cannot be read: the operator has
     no broker client and the DLQ gauges are left out.
     """
-    settings = DLQSettings.from_conf(app.conf)
-    client = _client(settings.redis_url, timeout, settings.redis_cluster)
-    try:
-        url = broker_url(app.conf)
-    except BrokerNotSupported:
-        return Operator(app, client=client)
-    return Operator(app, client=client, broker=client if url == settings.redis_url else _client(url, timeout))
-
-
-def _client(url: str, timeout: float, cluster: bool = False) -> redis.Redis:
-    return open_client(url, cluster, socket_connect_timeout=timeout, socket_timeout=timeout)
+    return Operator.with_timeout(app, timeout)
 
 
 class Discovery:
@@ -201,21 +186,18 @@ class DLQCollector(Collector):
         self.overdue_after = OVERDUE_INTERVALS * interval if overdue_after is None else overdue_after
         #: The Redis URLs read, passwords masked (for logs).
         self.where = self.op.settings.safe_redis_url
-        try:
-            url = broker_url(self.op.app.conf)
-        except BrokerNotSupported:
-            self.lists_readable = False   # DLQs are not Redis lists: parked retries and counters only
-        else:
-            self.lists_readable = True
-            if url != self.op.settings.redis_url:
-                self.where += f" and the broker's Redis at {sanitize(url)}"
+        url = broker_url_of(self.op.app)
+        #: False on a broker that is not Redis: DLQs are not Redis lists, so parked retries and counters only.
+        self.lists_readable = url is not None
+        if url is not None and url != self.op.settings.redis_url:
+            self.where += f" and the broker's Redis at {sanitize(url)}"
         self._up: bool | None = None
 
     def describe(self) -> Iterator[Metric]:
         """The families, without samples: registering the collector reads nothing from Redis."""
         for name in GAUGES:
             yield gauge(name)
-        for metric in totals.Metric.LABELS:
+        for metric in Totals.LABELS:
             yield total(metric)
 
     def collect(self) -> Iterator[Metric]:
@@ -249,7 +231,7 @@ class DLQCollector(Collector):
     def read(self) -> list[Metric]:
         """Every family but ``redis_up``, read now; raises what Redis raises."""
         now = self.clock()
-        parked_by_queue = self.op.parked.store.counts_by_queue()
+        parked_by_queue = self.op.parked.counts_by_queue()
         families = []
         if self.lists_readable:
             families += self.dead_letters(self.dlqs(parked_by_queue), now)
@@ -273,60 +255,33 @@ class DLQCollector(Collector):
         return dlqs
 
     def dead_letters(self, dlqs: dict[str, str | None], now: float) -> list[Metric]:
-        """Depth and oldest age of each DLQ: ``LLEN`` and ``LINDEX -1`` of each sub-list, one pipeline."""
-        lists = {name: self.op.list_keys(name) for name in sorted(dlqs)}
-        pipe = self.op.broker.pipeline(transaction=False)
-        for keys in lists.values():
-            for key in keys:
-                pipe.llen(key)
-                pipe.lindex(key, -1)
-        replies = iter(pipe.execute())
+        """Depth and oldest age of each DLQ (``Operator.sizes``: ``LLEN`` and ``LINDEX -1`` of each sub-list,
+        one pipeline)."""
+        sizes = self.op.sizes(sorted(dlqs))
         depth, age = gauge("dead_letters"), gauge("oldest_dead_letter_age_seconds")
-        for name, keys in lists.items():
-            count, oldest = 0, None
-            for _ in keys:
-                length, tail = next(replies), next(replies)
-                count += int(length)
-                at = decode_raw(tail).dead_lettered_at if tail is not None else None
-                if at is not None and (oldest is None or at < oldest):
-                    oldest = at
-            depth.add_metric([name, dlqs[name] or ""], count)
-            if oldest is not None:
-                age.add_metric([name], max(0.0, now - oldest))
+        for name, size in sizes.items():
+            depth.add_metric([name, dlqs[name] or ""], size.dead_letters)
+            seconds = size.age(now)
+            if seconds is not None:
+                age.add_metric([name], seconds)
         return [depth, age]
 
     def overdue(self, now: float, parked_by_queue: dict[str, int]) -> Metric:
-        """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring.
-
-        Read shard by shard (``dlq_store_shards``), each in one transaction (one slot).
-        """
-        cutoff = f"({to_ms(now - self.overdue_after)}"   # strictly older than the cutoff
-        by_queue = Counter({queue: 0 for queue in parked_by_queue})
-        overdue = 0
-        for shard in self.op.store.all:
-            k = shard.keys
-            pipe = self.op.client.pipeline(transaction=True)   # counts and sample from one instant
-            for key in (k.schedule, k.leases):
-                pipe.zcount(key, "-inf", cutoff)
-            for key in (k.schedule, k.leases):
-                pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=self.overdue_sample)
-            in_delayed, in_leases, due_ids, leased_ids = pipe.execute()
-            overdue += int(in_delayed) + int(in_leases)
-            sample = (due_ids + leased_ids)[:self.overdue_sample]
-            found = self.op.client.hmget(k.queues, sample) if sample else []
-            by_queue.update(as_text(queue) for queue in found if queue is not None)
+        """Entries past due (or past their lease) by more than ``overdue_after``; see the module's docstring."""
+        found = self.op.parked.overdue(now, self.overdue_after, self.overdue_sample)
         family = gauge("overdue_parked")
+        by_queue = {queue: 0 for queue in parked_by_queue}
+        by_queue.update(found.by_queue)
         for queue, n in sorted(by_queue.items()):
             family.add_metric([queue], n)
-        unattributed = overdue - sum(by_queue.values())
-        if unattributed > 0:
-            family.add_metric([""], unattributed)
+        if found.unattributed:
+            family.add_metric([""], found.unattributed)
         return family
 
     def totals(self) -> list[Metric]:
         """The ``_total`` counters, a family per metric (HELP and TYPE even before the first count)."""
-        families = {metric: total(metric) for metric in totals.Metric.LABELS}
-        for (metric, labels), value in totals.read(self.op.client, self.op.store.shards.all).items():
+        families = {metric: total(metric) for metric in Totals.LABELS}
+        for (metric, labels), value in self.op.totals().items():
             families[metric].add_metric([v for _, v in labels], value)
         return list(families.values())
 
@@ -359,7 +314,8 @@ class Exporter:
 
     @property
     def address(self) -> tuple[str, int]:
-        return self.server.server_address[0], self.server.server_address[1]
+        host, port = self.server.server_address[:2]
+        return str(host), int(port)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -374,7 +330,8 @@ def serve(app: Any, port: int = DEFAULT_PORT, bind: str = "127.0.0.1") -> Export
     registry.register(collector)
     family, _, _, _, address = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     server_class = type("Server", (ThreadingWSGIServer,), {"address_family": family})
-    server = make_server(address[0], port, classic_text(make_wsgi_app(registry)), server_class, handler_class=_Quiet)
+    server: WSGIServer = make_server(str(address[0]), port, classic_text(make_wsgi_app(registry)), server_class,
+                                     handler_class=_Quiet)
     thread = threading.Thread(target=server.serve_forever, name="celery-dlq-exporter", daemon=True)
     thread.start()
     return Exporter(collector, server, thread)

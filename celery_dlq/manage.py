@@ -1,19 +1,13 @@
-"""The operator API, from one import: ``from celery_dlq.manage import Operator, Filter, TaskIds``.
+"""Deprecated alias of :mod:`celery_dlq.ops`, kept for one release: ``from celery_dlq.ops import Operator, ...``.
 
-The code lives in :mod:`celery_dlq.ops`; this module names its public parts.
+Importing it warns (:class:`DeprecationWarning`) and gives the same names.
 """
 from __future__ import annotations
 
-from celery_dlq.errors import BrokerNotSupported, ForceRequired, UnknownQueue
-from celery_dlq.ops.groups import FailureGroup, GroupReport
-from celery_dlq.ops.letters import DeadLetter, Filter, Selector, TaskIds
-from celery_dlq.ops.operator import Operator, QueueInfo
-from celery_dlq.ops.parked import ParkedRetries, ParkedRetry
-from celery_dlq.ops.queue import DeadLetterQueue, Outcome
-from celery_dlq.storage.groups import GroupStats
+import warnings
 
-__all__ = [
-    "BrokerNotSupported", "DeadLetter", "DeadLetterQueue", "FailureGroup", "Filter", "ForceRequired", "GroupReport",
-    "GroupStats", "Operator", "Outcome",
-    "ParkedRetries", "ParkedRetry", "QueueInfo", "Selector", "TaskIds", "UnknownQueue",
-]
+from celery_dlq.ops import *  # noqa: F403  (the same names, one definition)
+from celery_dlq.ops import __all__  # noqa: F401
+
+warnings.warn("celery_dlq.manage is deprecated and will be removed in the next release: "
+              "import the same names from celery_dlq.ops", DeprecationWarning, stacklevel=2)

@@ -27,7 +27,7 @@ class Failure(click.ClickException):
 
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
-        self.exit_code = code
+        vars(self)["exit_code"] = code   # per instance: click declares it on the class (a ClassVar to mypy)
 
 
 def make_operator(app: Any) -> Operator:

@@ -15,11 +15,10 @@ from celery.bin.base import CeleryCommand
 
 from celery_dlq import headers as H
 from celery_dlq.cli.base import EXIT_FAILED, Failure, confirm, dlq, operator
-from celery_dlq.cli.options import filter_options, json_option, make_filter
+from celery_dlq.cli.options import filter_options, json_option, make_filter, make_selection
 from celery_dlq.cli.output import at, console, cut, echo_json, echo_outcome, n_of, print_table, progress, workflow_line
 from celery_dlq.cli.plan import refuse_with_plan, replay_plan
-from celery_dlq.ops.letters import DeadLetter, Filter, TaskIds
-from celery_dlq.ops.queue import DeadLetterQueue, Outcome
+from celery_dlq.ops import DeadLetter, DeadLetterQueue, Filter, Outcome, Selector, TaskIds
 
 
 @dlq.command(cls=CeleryCommand)
@@ -107,22 +106,7 @@ def _print_letter(letter: DeadLetter, d: dict) -> None:
     console().print(d["headers"].get("x-dlq-traceback") or "(no traceback)", markup=False, highlight=False)
 
 
-def _selection(ids: tuple[str, ...], everything: bool, filters: dict, *,
-               every: bool = False) -> Filter | TaskIds | None:
-    """What to select in one pass; refuses to select everything by accident.
-
-    Task ids become one :class:`TaskIds` (the filter options narrowing it):
-    the oldest dead letter of each id, or with ``every`` each of them.
-    """
-    where = make_filter(**filters)
-    if ids:
-        return TaskIds(ids, where, every=every)
-    if where is None and not everything:
-        raise click.UsageError("say which dead letters: TASK_ID..., a filter option, or --all")
-    return where
-
-
-def _total(dead: Any, where: Filter | TaskIds | None, limit: int | None) -> int | None:
+def _total(dead: DeadLetterQueue, where: Selector | None, limit: int | None) -> int | None:
     """The progress bar's total: every dead letter, or one per id (at most); unknown for a filter."""
     if where is None:
         depth = dead.depth()
@@ -163,7 +147,7 @@ def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], eve
         return replay_plan(ctx, plan_path, queue, to=to, rate=rate, dry_run=dry_run)
     if queue is None:
         raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
-    where = _selection(task_ids, everything, filters)
+    where = make_selection(task_ids, everything, filters).selector()
     dead = operator(ctx).queue(queue)
     with progress(f"replaying {dead.name}", _total(dead, where, limit)) as advance:
         out = dead.replay(where, to=to, limit=limit, rate=rate, dry_run=dry_run, progress=advance)
@@ -183,19 +167,17 @@ def purge(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything:
 
     By task id, every dead letter of that id goes.
     """
-    where = _selection(task_ids, everything, filters, every=True)
+    where = make_selection(task_ids, everything, filters).selector(every=True)
     dead = operator(ctx).queue(queue)
     if not force:
-        counted = where.fresh() if isinstance(where, TaskIds) else where   # a TaskIds serves one pass
-        count = dead.depth() if where is None else sum(1 for _ in dead.entries(counted))
-        confirm(f"delete {n_of(count, 'dead letter')} from {dead.name}")
+        confirm(f"delete {n_of(dead.count(where), 'dead letter')} from {dead.name}")
     with progress(f"purging {dead.name}", _total(dead, where, None)) as advance:
         out = dead.purge(where, force=True, progress=advance)
     _report(dead.name, out, "Deleted")
 
 
 def _report(name: str, out: Outcome, verb: str) -> None:
-    """One summary line (plus missing and failed ones); exit 1 when nothing matched or some failed."""
+    """One summary line (plus missing, not found and failed ones); exit 1 when nothing matched or some failed."""
     if not out.matched:
         raise Failure(f"nothing matched in {name}")
     echo_outcome(name, out, verb)

@@ -1,7 +1,12 @@
-"""Options several verbs share: the dead-letter filters, ``--json``, and reading a time."""
+"""Options several verbs share: the dead-letter filters, ``--json``, and reading a time.
+
+The filters are :data:`celery_dlq.ops.selection.PARAMS` as ``--<name>``
+options, read by :func:`celery_dlq.ops.selection.parse_filter`: this module
+only turns its errors into click's.
+"""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -9,7 +14,7 @@ import click
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
-from celery_dlq.storage.groups import is_group_id
+from celery_dlq.ops.selection import BadSelection, NothingSelected, Selection, parse_filter
 from celery_dlq.timespec import parse_since
 
 
@@ -22,15 +27,15 @@ def parse_time(value: str | None, now: float | None = None) -> float | None:
 
 
 def filter_options(f: Callable) -> Callable:
-    """The dead-letter filters every selecting verb takes."""
+    """The dead-letter filters every selecting verb takes (keyword arguments named as ``PARAMS``)."""
     options = [
-        click.option("--task", "task_name", help="Task name; wildcards: '*' one word, '#' any words."),
+        click.option("--task", help="Task name; wildcards: '*' one word, '#' any words."),
         click.option("--reason", type=click.Choice(Reason.ALL), help="Why it was dead-lettered."),
-        click.option("--exception", "exception_type", help="Exception type, e.g. ValueError or pkg.mod.Error."),
+        click.option("--exception", help="Exception type, e.g. ValueError or pkg.mod.Error."),
         click.option("--original-queue", help="The queue it was dead-lettered from."),
         click.option("--since", help="Dead-lettered at or after: unix seconds, ISO 8601, or an age (2h)."),
         click.option("--until", help="Dead-lettered before: unix seconds, ISO 8601, or an age (30m)."),
-        click.option("--grep", "text", help="Text in the exception message (case-insensitive)."),
+        click.option("--grep", help="Text in the exception message (case-insensitive)."),
         click.option("--group", help="Failure group id, as `celery dlq groups` shows it."),
     ]
     for option in reversed(options):
@@ -38,18 +43,20 @@ def filter_options(f: Callable) -> Callable:
     return f
 
 
-def make_filter(task_id: str | None = None, **kw: Any) -> Filter | None:
-    fields = {k: kw.get(k) for k in ("task_name", "reason", "exception_type", "original_queue", "text", "group")}
-    fields.update(since=parse_time(kw.get("since")), until=parse_time(kw.get("until")), task_id=task_id)
-    if all(v is None for v in fields.values()):
-        return None
-    if fields["group"] is not None and not is_group_id(fields["group"]):
-        raise click.BadParameter(f"a group id is 16 hex digits (celery dlq groups shows them), got {fields['group']!r}",
-                                 param_hint="--group")
+def make_filter(**filters: Any) -> Filter | None:
+    """The :class:`Filter` of :func:`filter_options`' values; a bad value is click's usage error, naming its option."""
     try:
-        return Filter(**fields)
-    except ConfigurationError as exc:
-        raise click.BadParameter(str(exc), param_hint="--task") from None
+        return parse_filter(filters)
+    except BadSelection as exc:
+        raise click.BadParameter(str(exc), param_hint="--" + exc.param.replace("_", "-")) from None
+
+
+def make_selection(ids: Iterable[str], everything: bool, filters: dict) -> Selection:
+    """Task ids, the filter options, or ``--all``: refuses to select everything by accident."""
+    try:
+        return Selection.of(ids, make_filter(**filters), everything)
+    except NothingSelected:
+        raise click.UsageError("say which dead letters: TASK_ID..., a filter option, or --all") from None
 
 
 def json_option(f: Callable) -> Callable:

@@ -84,16 +84,31 @@ def progress(label: str, total: int | None) -> Iterator[Callable[[int], None] | 
         yield lambda n: bar.advance(task, n)
 
 
-def echo_outcome(name: str, out: Outcome, verb: str) -> None:
-    """The summary line, the missing count and the failures of one DLQ (shared by ``replay --plan``)."""
-    matched = n_of(out.matched, "matching dead letter")
-    if out.dry_run:
-        line = f"Would replay {out.matched - len(out.failed)} of {matched} from {name}"
-    else:
-        line = f"{verb} {out.done} of {matched} from {name}"
-    where = ", ".join(f"{n} to {q}" for q, n in sorted(out.targets.items()))
-    click.echo(line + (f": {where}" if where else "") + (" (dry run: nothing moved)." if out.dry_run else "."))
+def ids_line(ids: list[str], most: int = 20) -> str:
+    """Task ids as one line: the first ``most``, then an ellipsis."""
+    return ", ".join(ids[:most]) + (", …" if len(ids) > most else "")
+
+
+def echo_outcome(name: str, out: Outcome, verb: str, planned: int | None = None) -> None:
+    """The summary line, the missing count, the task ids not found and the failures of one DLQ.
+
+    ``planned``: the DLQ's share of a replay plan (``replay --plan``), whose
+    ids not found are said so; the summary line is left out when none matched.
+    """
+    if planned is None or out.matched:
+        matched = n_of(out.matched, "matching dead letter")
+        if out.dry_run:
+            line = f"Would replay {out.matched - len(out.failed)} of {matched} from {name}"
+        else:
+            line = f"{verb} {out.done} of {matched} from {name}"
+        where = ", ".join(f"{n} to {q}" for q, n in sorted(out.targets.items()))
+        click.echo(line + (f": {where}" if where else "") + (" (dry run: nothing moved)." if out.dry_run else "."))
     if out.missing:
         click.echo(f"{out.missing} were gone already (replayed, purged or trimmed meanwhile).")
+    if out.not_found and planned is not None:
+        click.echo(f"{len(out.not_found)} of {n_of(planned, 'planned dead letter')} no longer in {name} "
+                   f"(replayed, purged or trimmed since the report): {ids_line(out.not_found)}")
+    elif out.not_found:
+        click.echo(f"{n_of(len(out.not_found), 'task id')} not in {name}: {ids_line(out.not_found)}")
     for line in out.failed[:20]:
         click.echo(f"failed: {line}", err=True)

@@ -1,10 +1,9 @@
 """``celery dlq replay --plan DIR``: replay what a report's replay plan selected.
 
 The plan is read with pyarrow only (``celery_dlq.analytics.plan``), never a
-JVM. Every DLQ it names is checked before anything moves; each DLQ is then
-read once, oldest first, replaying the oldest dead letter of each planned
-task id (:class:`~celery_dlq.ops.letters.TaskIds`, as ``replay QUEUE ID...``
-does).
+JVM, and replayed by :class:`celery_dlq.ops.plan.PlanReplay` (every DLQ it
+names checked before anything moves, then one pass over each); this module
+prints what happened.
 """
 from __future__ import annotations
 
@@ -15,10 +14,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from celery_dlq.cli.base import EXIT_FAILED, EXIT_USAGE, Failure, operator
 from celery_dlq.cli.output import echo_outcome, n_of, progress
-from celery_dlq.errors import PlanError, UnknownQueue
-from celery_dlq.ops.letters import TaskIds
-from celery_dlq.ops.operator import Operator
-from celery_dlq.ops.queue import DeadLetterQueue
+from celery_dlq.ops import PlanError, PlanReplay, ReplayIntoItself
 
 
 def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: bool, limit: int | None,
@@ -58,70 +54,26 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _plan_queue(op: Operator, name: str, to: str | None) -> DeadLetterQueue:
-    """The DLQ a plan names, checked before anything moves.
-
-    It must be a dead-letter queue (configured, or DLQ-shaped): a plan never
-    replays from a live queue. One that is unknown because it is empty now is
-    accepted: its planned dead letters are then reported missing, not a usage error.
-    """
-    if to == name:
-        raise Failure(f"cannot replay {name} into itself (--to {to})", EXIT_USAGE)
-    try:
-        dead = op.queue(name)
-    except UnknownQueue:
-        if op.depth(name):
-            raise Failure(f"the plan names {name!r}, which is not a dead-letter queue here", EXIT_USAGE) from None
-        return DeadLetterQueue(op, name)
-    if dead.name != name:  # ``name`` is a live queue whose DLQ is ``dead.name``
-        raise Failure(f"the plan names {name!r}, which is not a dead-letter queue here", EXIT_USAGE)
-    return dead
-
-
 def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | None, rate: float | None,
-                 dry_run: bool) -> None:
+                dry_run: bool) -> None:
     """``replay --plan``: every DLQ of the plan (or ``only``), checked first, then replayed in one pass each."""
     plan = _load_plan(path)
-    by_dlq = {name: list(dict.fromkeys(ids)) for name, ids in plan.by_dlq().items()}
-    op = operator(ctx)
-    if only is not None:
-        name = op.queue(only).name
-        if name not in by_dlq:
-            raise Failure(f"nothing matched: the plan selects nothing from {name} "
-                          f"(it names {', '.join(sorted(by_dlq)) or 'no DLQ'})")
-        by_dlq = {name: by_dlq[name]}
-    queues = {name: _plan_queue(op, name, to) for name in by_dlq}
-    planned = sum(len(ids) for ids in by_dlq.values())
+    try:
+        replay = PlanReplay(operator(ctx), plan.by_dlq(), only=only, to=to)
+    except (PlanError, ReplayIntoItself) as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
+    counts, planned = replay.counts(), replay.planned
     click.echo(f"Replay plan {maybe_sanitize_url(plan.path)}: {n_of(planned, 'dead letter')}"
-               + (f" from {', '.join(f'{name} ({len(ids)})' for name, ids in by_dlq.items())}" if by_dlq else "")
+               + (f" from {', '.join(f'{name} ({n})' for name, n in counts.items())}" if counts else "")
                + f"; report of {plan.manifest.get('created_at', '?')}.")
     if not planned:
         return click.echo("The plan selects no dead letters: nothing to replay.")
     short = 0
-    for n, (name, dead) in enumerate(queues.items()):
-        if n and rate:  # the next DLQ's first message keeps the pace too
-            dead.sleep(1 / rate)
-        short += _replay_planned(dead, TaskIds(by_dlq[name]), to=to, rate=rate, dry_run=dry_run)
+    for name, expected in counts.items():
+        with progress(f"replaying {name}", expected) as advance:
+            out = replay.replay(name, rate=rate, dry_run=dry_run, progress=advance)
+        echo_outcome(name, out, "Replayed", planned=expected)
+        short += replay.shortfall(out)
     if short:
         verb = "would not be" if dry_run else "were not"
         raise Failure(f"{short} of {n_of(planned, 'planned dead letter')} {verb} replayed", EXIT_FAILED)
-
-
-def _replay_planned(dead: DeadLetterQueue, wanted: TaskIds, *, to: str | None, rate: float | None,
-                    dry_run: bool) -> int:
-    """Replay one DLQ's share of a plan and report it; returns how many were not (missing or failed).
-
-    One pass over the DLQ: ``wanted`` selects the oldest dead letter of each planned id, once; the
-    ids it never selected are those no longer in the DLQ.
-    """
-    expected = len(wanted)
-    with progress(f"replaying {dead.name}", expected) as advance:
-        out = dead.replay(wanted, to=to, limit=expected, rate=rate, dry_run=dry_run, progress=advance)
-    if out.matched:
-        echo_outcome(dead.name, out, "Replayed")
-    not_found = wanted.missing
-    if not_found:
-        click.echo(f"{len(not_found)} of {n_of(expected, 'planned dead letter')} no longer in "
-                   f"{dead.name} (replayed, purged or trimmed since the report): {', '.join(not_found[:20])}"
-                   + (", …" if len(not_found) > 20 else ""))
-    return len(not_found) + out.missing + len(out.failed)

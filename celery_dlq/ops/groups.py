@@ -16,7 +16,7 @@ from celery_dlq.storage import groups as index
 from celery_dlq.storage.groups import GroupStats
 
 if TYPE_CHECKING:
-    from celery_dlq.ops.operator import Operator
+    from celery_dlq.ops.backend import Backend
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def _merge(gid: str, rows: list[GroupStats], chords_waiting: int = 0) -> Failure
                         latest.sample_message, latest.dlq, chords_waiting)
 
 
-def read_groups(op: Operator, names: list[str]) -> GroupReport:
+def read_groups(op: Backend, names: list[str]) -> GroupReport:
     """The groups and depths of the DLQs ``names``: two round trips, whatever their depth."""
     report = GroupReport()
     report.per_dlq = index.read(op.broker, {name: op.lists.groups(name) for name in names}, op.clock())

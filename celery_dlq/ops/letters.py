@@ -5,7 +5,8 @@ the ``x-dlq-*`` history read from its headers and its arguments decoded only
 when ``accept_content`` allows (listing a DLQ must never unpickle). A
 selection is anything with ``matches(letter)``: :class:`Filter` (fields such
 as task name, reason, time) or :class:`TaskIds` (a set of task ids, served in
-one pass). :mod:`celery_dlq.ops.queue` reads, replays and purges what
+one pass); both are values, built from options or a query string by
+:mod:`celery_dlq.ops.selection`. :mod:`celery_dlq.ops.queue` reads, replays and purges what
 they select; nothing here talks to Redis.
 """
 from __future__ import annotations
@@ -63,11 +64,11 @@ class DeadLetter(TaskIdentity):
         return RawMessage(self.message)
 
     @cached
-    def headers(self) -> dict:  # type: ignore[override]
+    def headers(self) -> dict:
         return self.decoded.headers   # read a dozen times per letter in a replay: decoded once
 
     @cached
-    def properties(self) -> dict:  # type: ignore[override]
+    def properties(self) -> dict:
         return self.decoded.properties
 
     def header(self, name: str) -> Any:
@@ -170,11 +171,19 @@ class Selector(Protocol):
     """What a DLQ operation asks of a selection: :class:`Filter`, :class:`TaskIds`, or your own.
 
     ``matches`` is asked of each dead letter once per pass, oldest first, and
-    only until the operation's ``limit`` is reached, so a selector may keep
-    state (as :class:`TaskIds` does) without miscounting.
+    only until the operation's ``limit`` is reached. A selection that must
+    remember what a pass took (the oldest letter of each id, once) offers
+    ``start()``, which gives a new matcher for each pass (:func:`one_pass`):
+    the selection itself stays a value and can be used again.
     """
 
     def matches(self, letter: DeadLetter) -> bool: ...
+
+
+def one_pass(where: Selector | None) -> Selector | None:
+    """The matcher of one pass over a DLQ: ``where.start()`` when it has one, else ``where`` itself."""
+    start = getattr(where, "start", None)
+    return start() if callable(start) else where
 
 
 @dataclass(frozen=True)
@@ -229,50 +238,66 @@ class Filter:
         ))
 
 
+@dataclass(frozen=True, init=False)
 class TaskIds:
-    """Selects dead letters by task id, a whole set of ids in one pass over a DLQ.
+    """Selects dead letters by task id, a whole set of ids in one pass over a DLQ: a value, used as often as liked.
 
     One ``Filter(task_id=...)`` per id would read the DLQ once per id, and a
     replay's ``rate`` would pace nothing (each call moving one message); this
     selects them all while the DLQ is read once, oldest first.
 
-    By default it selects the oldest dead letter of each id, once: what a
-    replay by id moves, since two copies of one task would run it twice.
-    With ``every=True`` it selects every dead letter of each id: what a purge
-    by id deletes. ``where``, when given, must match too (a dead letter of a
-    listed id that ``where`` rejects does not use up its id).
-
-    A ``TaskIds`` remembers what it selected, so it serves one pass: take
-    :meth:`fresh` for another. After the pass, :attr:`missing` lists the ids
-    it never selected, in the order given.
+    In a pass (:meth:`start`, which every DLQ operation takes) it selects the
+    oldest dead letter of each id, once: what a replay by id moves, since two
+    copies of one task would run it twice. With ``every=True`` it selects
+    every dead letter of each id: what a purge by id deletes. ``where``, when
+    given, must match too (a dead letter of a listed id that ``where`` rejects
+    does not use up its id). The ids a pass did not select are reported by
+    the operation (``Outcome.not_found``) or by :meth:`missing_from`.
     """
 
-    def __init__(self, ids: Iterable[str], where: Filter | None = None, *, every: bool = False) -> None:
-        self.ids = tuple(dict.fromkeys(ids))  # in order, each once
-        self.where, self.every = where, every
-        self._all = frozenset(self.ids)
-        self._left = dict.fromkeys(self.ids)
+    ids: tuple[str, ...]
+    where: Filter | None
+    every: bool
 
-    def __repr__(self) -> str:
-        return f"TaskIds({list(self.ids)!r}, where={self.where!r}, every={self.every!r})"
+    def __init__(self, ids: Iterable[str], where: Filter | None = None, *, every: bool = False) -> None:
+        object.__setattr__(self, "ids", tuple(dict.fromkeys(ids)))   # in order, each once
+        object.__setattr__(self, "where", where)
+        object.__setattr__(self, "every", every)
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    @property
-    def missing(self) -> list[str]:
-        """Ids not selected (yet): after a pass, those that were not there or not matched by ``where``."""
-        return list(self._left)
+    def matches(self, letter: DeadLetter) -> bool:
+        """Whether ``letter`` is of one of the ids and ``where`` matches it (any copy: :meth:`start` keeps one)."""
+        return letter.task_id in self.ids and (self.where is None or self.where.matches(letter))
 
-    def fresh(self) -> TaskIds:
-        """The same selection with nothing selected yet, for another pass."""
-        return TaskIds(self.ids, self.where, every=self.every)
+    def start(self) -> IdPass:
+        """The matcher of one pass: the oldest letter of each id once (every letter with ``every``)."""
+        return IdPass(self)
+
+    def missing_from(self, letters: Iterable[DeadLetter]) -> list[str]:
+        """The ids none of ``letters`` has, in the order given."""
+        found = {letter.task_id for letter in letters}
+        return [task_id for task_id in self.ids if task_id not in found]
+
+
+class IdPass:
+    """One pass of a :class:`TaskIds`: what it took so far, and the ids it has not (:attr:`missing`)."""
+
+    def __init__(self, ids: TaskIds) -> None:
+        self.ids = ids
+        self._left: dict[str | None, None] = dict.fromkeys(ids.ids)
 
     def matches(self, letter: DeadLetter) -> bool:
         task_id = letter.task_id
-        if task_id not in (self._all if self.every else self._left):
+        if task_id not in (self.ids.ids if self.ids.every else self._left):
             return False
-        if self.where is not None and not self.where.matches(letter):
+        if self.ids.where is not None and not self.ids.where.matches(letter):
             return False
         self._left.pop(task_id, None)
         return True
+
+    @property
+    def missing(self) -> list[str]:
+        """Ids not selected (yet): after a pass, those that were not there or not matched by ``where``."""
+        return [task_id for task_id in self._left if task_id is not None]

@@ -11,27 +11,26 @@ installs worker bootsteps, so a CLI process is not a worker.
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kombu.serialization import prepare_accept_content
-
-from celery_dlq.errors import UnknownQueue
+from celery_dlq.errors import BrokerNotSupported, UnknownQueue
+from celery_dlq.ops.backend import QUARANTINE, Backend, quarantined_queue
 from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
-from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.ops.queue import DeadLetterQueue
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.settings import DLQSettings
-from celery_dlq.storage import trends
-from celery_dlq.storage.chords import ChordLedger
-from celery_dlq.storage.client import broker_client, connect
-from celery_dlq.storage.keys import QueueLists
-from celery_dlq.storage.scripts import Scripts
-from celery_dlq.storage.shards import ShardedStore, shards_of
+from celery_dlq.storage import totals, trends
+from celery_dlq.storage.client import broker_url, open_client
+
+#: The trend series (``Operator.trends``), in the order pages show them.
+TREND_KINDS = trends.KINDS
+#: The exporter's counters: names, help texts and label names (``Operator.totals``).
+Metric = totals.Metric
+
+__all__ = ["QUARANTINE", "Metric", "Operator", "QueueInfo", "TREND_KINDS", "quarantined_queue"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class QueueInfo:
         return {"name": self.name, "queue": self.queue, "dead_letters": self.dead_letters, "parked": self.parked}
 
 
-class Operator:
+class Operator(Backend):
     """The operator's view of one app: its DLQs, parked retries and counters.
 
     ``broker`` (the broker's Redis) and ``client`` (``dlq_redis_url``) may be
@@ -55,47 +54,19 @@ class Operator:
     parked-retry half works even when the broker is not Redis.
     """
 
-    def __init__(self, app: Any, *, broker: Any = None, client: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.app, self.clock, self._broker, self._scripts = app, clock, broker, None
-        self.settings = DLQSettings.from_conf(app.conf)
-        self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
-        #: Every shard of the store (``dlq_store_shards``); ``keys``/``archive`` are the home set's,
-        #: where what the operator does (replays, purges) is counted and archived.
-        self.store = ShardedStore(self.client, shards_of(self.settings),
-                                  events_max_length=self.settings.events_max_length, clock=clock)
-        self.keys = self.store.home.keys
-        self.archive = self.store.home.archive
-        self.parked = ParkedRetries(self.store)
-        #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
-        self.chords = ChordLedger(self.client, self.keys)
-        self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
+    @classmethod
+    def with_timeout(cls, app: Any, timeout: float, **kw: Any) -> Operator:
+        """An operator whose clients give up after ``timeout`` seconds (connect, then each reply): the exporter's,
+        so a hung Redis fails a scrape fast. On a broker that is not Redis it has no broker client."""
+        settings = DLQSettings.from_conf(app.conf)
 
-    @property
-    def broker(self) -> Any:
-        """The broker's Redis, where DLQs are lists; :class:`BrokerNotSupported` on another broker."""
-        if self._broker is None:
-            self._broker = broker_client(self.app.conf, self.client, self.settings.redis_url)
-        return self._broker
+        def client(url: str, cluster: bool = False) -> Any:
+            return open_client(url, cluster, socket_connect_timeout=timeout, socket_timeout=timeout)
 
-    @property
-    def scripts(self) -> Scripts:
-        if self._scripts is None:
-            self._scripts = Scripts(self.broker)
-        return self._scripts
-
-    def list_keys(self, name: str) -> list[str]:
-        """The Redis lists of ``name``: a DLQ's priority sub-lists, or a quarantine's one list."""
-        queue = quarantined_queue(name)
-        return [self.keys.quarantine(queue)] if queue is not None else self.lists.keys(name)
-
-    def depth(self, name: str) -> int:
-        """Dead letters in ``name``, every priority sub-list counted."""
-        pipe = self.broker.pipeline(transaction=False)
-        for key in self.list_keys(name):
-            pipe.llen(key)
-        return sum(pipe.execute())
+        home = client(settings.redis_url, settings.redis_cluster)
+        url = broker_url_of(app)
+        broker = None if url is None else home if url == settings.redis_url else client(url)
+        return cls(app, client=home, broker=broker, **kw)
 
     def quarantines(self) -> dict[str, str]:
         """``quarantine:<queue>`` -> queue, for every non-empty quarantine list (SCAN)."""
@@ -122,6 +93,8 @@ class Operator:
             raise UnknownQueue(f"{name!r} is empty: nothing was quarantined from that queue")
         shapes, configured = self._configured(self.parked.store.counts_by_queue())
         for candidate in (name, self.dlq_of(name)):
+            if candidate is None:
+                continue
             if candidate in configured or (_shaped(candidate, shapes) and self.depth(candidate)):
                 return DeadLetterQueue(self, candidate)
         known = self.known()
@@ -131,7 +104,7 @@ class Operator:
     def queues(self) -> list[QueueInfo]:
         """Every DLQ found or configured, with its depth and the parked retries of its queues."""
         by_queue = self.parked.store.counts_by_queue()
-        parked = Counter()
+        parked: Counter[str | None] = Counter()
         for queue, n in by_queue.items():
             parked[self.dlq_of(queue)] += n
         rows = [QueueInfo(name, origin, self.depth(name), parked[name])
@@ -166,7 +139,8 @@ class Operator:
         layers = [self.settings.default_policy]
         layers += [fields for _, fields in self.settings.task_policies.items + self.settings.queue_policies.items]
         layers += [getattr(task, "redelivery_policy", None) or {} for task in list(self.app.tasks.values())]
-        shapes, named = {(base.dead_letter_queue_prefix, base.dead_letter_queue_suffix)}, {}
+        shapes = {(base.dead_letter_queue_prefix, base.dead_letter_queue_suffix)}
+        named: dict[str, str | None] = {}
         for fields in layers:
             fields = fields.as_fields() if isinstance(fields, RedeliveryPolicy) else fields
             if isinstance(fields.get("dead_letter"), str):
@@ -192,35 +166,9 @@ class Operator:
         counters["dead_letters_now"] = sum(info.dead_letters for info in (self.queues() if rows is None else rows))
         return dict(sorted(counters.items()))
 
-    def forget(self, letters: list[DeadLetter]) -> None:
-        """Delete the delivery counters and dead-letter audit of messages about to be replayed.
-
-        Otherwise the replayed copy would start at the old count, and failing
-        again at the same delivery it would meet a ``done`` audit and be
-        acknowledged as "already dead-lettered": lost. Idempotent, and done
-        before the move, so an interruption in between loses nothing.
-        """
-        self.forget_keys(self.counter_keys(letters))
-
-    def counter_keys(self, letters: list[DeadLetter]) -> list[list[str]]:
-        """What :meth:`forget` deletes for ``letters``, one list per shard (no Redis: a replay builds it ahead)."""
-        by_shard: dict[str, list[str]] = {}
-        for letter in letters:
-            task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
-            if task_id:
-                keys = self.store.of(task_id).keys
-                by_shard.setdefault(keys.base, []).extend((
-                    keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
-                    keys.audit(task_id, letter.delivery_count or 1)))
-        return list(by_shard.values())
-
-    def forget_keys(self, by_shard: list[list[str]]) -> None:
-        """Delete :meth:`counter_keys`' keys in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for keys in by_shard:   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
-            for start in range(0, len(keys), 1000):
-                pipe.delete(*keys[start:start + 1000])
-        pipe.execute()
+    def totals(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
+        """The exporter's counters (:data:`Metric`), every shard summed: ``(metric, labels) -> value``."""
+        return totals.read(self.client, self.store.shards.all)
 
     def details(self, letter: DeadLetter) -> dict:
         """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.
@@ -236,24 +184,19 @@ class Operator:
             chord["waiting"] = self.chords.waiting(chord["group"]) if chord.get("group") else 0
         return out
 
-    def count(self, stat: str, n: int) -> None:
-        if n:
-            self.client.hincrby(self.keys.stats, stat, n)
 
-
-#: The operator's name of a queue's raw quarantine (``celery dlq list quarantine:orders``).
-QUARANTINE = "quarantine:"
-
-
-def quarantined_queue(name: str | None) -> str | None:
-    """The queue whose quarantine ``name`` is, or None when it is not a quarantine's name."""
-    return name[len(QUARANTINE):] if name and name.startswith(QUARANTINE) and len(name) > len(QUARANTINE) else None
+def broker_url_of(app: Any) -> str | None:
+    """The broker's Redis URL; None when the broker is not Redis (its DLQs cannot be read)."""
+    try:
+        return broker_url(app.conf)
+    except BrokerNotSupported:
+        return None
 
 
 def _shaped(name: str | None, shapes: Any) -> bool:
     """Whether ``name`` is ``prefix + queue + suffix`` for one of ``shapes``."""
-    return bool(name) and any(name.startswith(p) and name.endswith(s) and len(name) > len(p) + len(s)
-                              for p, s in shapes)
+    return name is not None and any(name.startswith(p) and name.endswith(s) and len(name) > len(p) + len(s)
+                                    for p, s in shapes)
 
 
 def _glob(text: str) -> str:

@@ -8,14 +8,16 @@ lives in ``dlq_redis_url``, so it works whatever the broker is.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.storage.store import DirectPayload, ParkedStore
+from celery_dlq.storage.shards import ShardedStore
+from celery_dlq.storage.store import DirectPayload, to_ms
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,19 @@ class ParkedRetry:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class Overdue:
+    """Overdue parked retries: the exact ``total``, and the queues of those sampled (``by_queue``)."""
+
+    total: int
+    by_queue: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def unattributed(self) -> int:
+        """Overdue retries past the sample, whose queue was not read."""
+        return max(0, self.total - sum(self.by_queue.values()))
+
+
 #: The due-time buckets of :meth:`ParkedRetries.due_histogram`.
 DUE_BUCKETS = ("overdue", "< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-6 h", "6-24 h", "> 24 h")
 
@@ -54,7 +69,7 @@ DUE_BUCKETS = ("overdue", "< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-6 h"
 class ParkedRetries:
     """The parked store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
 
-    def __init__(self, store: ParkedStore) -> None:
+    def __init__(self, store: ShardedStore) -> None:
         self.store = store
 
     def entries(self, queue: str | None = None, limit: int | None = None) -> Iterator[ParkedRetry]:
@@ -69,6 +84,23 @@ class ParkedRetries:
         edges = [-float("inf"), 0, 60, 300, 900, 3600, 6 * 3600, 24 * 3600, float("inf")]
         ms = [int((now + e) * 1000) if abs(e) != float("inf") else (-2**62 if e < 0 else 2**62) for e in edges]
         return list(zip(DUE_BUCKETS, self.store.due_counts(ms)))
+
+    def count(self) -> int:
+        """Parked retries, waiting or being delivered, every shard."""
+        return self.store.count()
+
+    def counts_by_queue(self) -> dict[str, int]:
+        """Queue -> its parked retries (one ``HGETALL`` per shard)."""
+        return self.store.counts_by_queue()
+
+    def overdue(self, now: float, older_than: float, sample: int) -> Overdue:
+        """Parked retries (or leases) more than ``older_than`` seconds past due: no mover is moving them.
+
+        ``total`` is exact; at most ``sample`` of them per shard are attributed
+        to their queue (the store keeps no per-queue index by time).
+        """
+        total, by_queue = self.store.overdue(to_ms(now - older_than), sample)
+        return Overdue(total, by_queue)
 
     def find(self, ident: str) -> list[str]:
         """Entry ids for an entry id, or for every entry of a task id."""

@@ -26,7 +26,8 @@ from kombu.utils.json import JSONEncoder
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import delivery_tags
-from celery_dlq.ops.letters import DeadLetter, Filter, Selector
+from celery_dlq.ops.groups import read_groups
+from celery_dlq.ops.letters import DeadLetter, Filter, IdPass, Selector, one_pass
 from celery_dlq.storage import groups, totals
 from celery_dlq.storage.chords import fail_purged, require_backend
 from celery_dlq.storage.events import EventType
@@ -34,7 +35,7 @@ from celery_dlq.storage.keys import Stat
 from celery_dlq.storage.lists import OldestFirst
 
 if TYPE_CHECKING:
-    from celery_dlq.ops.operator import Operator
+    from celery_dlq.ops.backend import Backend
 
 #: Dead letters read per LRANGE (and moved per pipeline).
 PAGE = 500
@@ -52,12 +53,24 @@ class Outcome:
     failed: list[str] = field(default_factory=list)
     targets: Counter = field(default_factory=Counter)
     dry_run: bool = False
+    #: Task ids asked for (:class:`~celery_dlq.ops.letters.TaskIds`) that the pass did not find, in the order given.
+    not_found: list[str] = field(default_factory=list)
+
+
+class ReplayIntoItself(ValueError):
+    """A replay whose target is the DLQ it reads: each moved letter would come round again, without end."""
+
+
+def refuse_self_replay(name: str, to: str | None) -> None:
+    """Raise :class:`ReplayIntoItself` when replaying DLQ ``name`` to ``to`` would never end (the one check)."""
+    if to is not None and to == name:
+        raise ReplayIntoItself(f"cannot replay {name} into itself (to={to})")
 
 
 def _take(letters: list[DeadLetter], where: Selector | None, left: int | None) -> list[DeadLetter]:
     """The ``letters`` ``where`` selects, at most ``left``; none is offered to ``where`` past the limit.
 
-    A stateful selector (:class:`~celery_dlq.ops.letters.TaskIds`) counts
+    A pass's matcher (:func:`~celery_dlq.ops.letters.one_pass`) counts
     what it matched as taken, so it must not be asked about letters that
     the limit then leaves behind.
     """
@@ -78,7 +91,7 @@ class DeadLetterQueue:
     :class:`~celery_dlq.ops.letters.TaskIds` for a set of task ids.
     """
 
-    def __init__(self, operator: Operator, name: str) -> None:
+    def __init__(self, operator: Backend, name: str) -> None:
         self.op, self.name = operator, name
         self.sleep: Callable[[float], None] = time.sleep
         self.monotonic: Callable[[], float] = time.monotonic
@@ -101,8 +114,8 @@ class DeadLetterQueue:
         """
         needle = where.needle() if isinstance(where, Filter) else None
         if needle is not None:
-            text = needle.encode() if raws and isinstance(raws[0], bytes) else needle
-            raws = [raw for raw in raws if text in raw]
+            encoded = needle.encode()
+            raws = [raw for raw in raws if (encoded if isinstance(raw, bytes) else needle) in raw]
         return _take([DeadLetter.parse(self.name, key, raw, self.op.accept) for raw in raws], where, left)
 
     def _selected(self, pages: OldestFirst, where: Selector | None, limit: int | None) -> Iterator[list[DeadLetter]]:
@@ -119,8 +132,21 @@ class DeadLetterQueue:
     def entries(self, where: Selector | None = None, limit: int | None = None,
                 batch: int = PAGE) -> Iterator[DeadLetter]:
         """Matching dead letters, oldest first (priority 0 first), ``batch`` per round trip. Not a snapshot."""
-        for letters in self._selected(self._pages(batch), where, limit):
+        for letters in self._selected(self._pages(batch), one_pass(where), limit):
             yield from letters
+
+    def count(self, where: Selector | None = None) -> int:
+        """How many dead letters ``where`` selects now (what a confirmation states before a replay or purge).
+
+        The whole DLQ: its depth. A :class:`Filter` on a failure group alone:
+        the group's count from its index (exact, no pass). Else one pass.
+        """
+        if where is None:
+            return self.depth()
+        if isinstance(where, Filter) and where.group is not None and where == Filter(group=where.group):
+            rows = read_groups(self.op, [self.name]).per_dlq.get(self.name, [])
+            return next((row.count for row in rows if row.group_id == where.group), 0)
+        return sum(1 for _ in self.entries(where))
 
     def get(self, task_id: str) -> DeadLetter | None:
         return next(self.entries(Filter(task_id=task_id), limit=1), None)
@@ -136,14 +162,13 @@ class DeadLetterQueue:
         """
         if rate is not None and not rate > 0:
             raise ValueError(f"rate must be > 0 messages/s, got {rate!r}")
-        if to == self.name:  # each moved message would come round again: it would never end
-            raise ValueError(f"cannot replay {self.name} into itself")
+        refuse_self_replay(self.name, to)
         out, started = Outcome(dry_run=dry_run), self.monotonic()
-        pages = self._pages(batch)
+        pages, matcher = self._pages(batch), one_pass(where)
         if rate is None and not dry_run:
-            self._replay_overlapped(pages, where, limit, to, out, progress)
-            return out
-        for letters in self._selected(pages, where, limit):
+            self._replay_overlapped(pages, matcher, limit, to, out, progress)
+            return _not_found(out, matcher)
+        for letters in self._selected(pages, matcher, limit):
             out.matched += len(letters)
             for chunk in ([[letter] for letter in letters] if rate else [letters]):
                 if rate:
@@ -151,7 +176,7 @@ class DeadLetterQueue:
                 pages.removed += self._move(chunk, to, out)
                 if progress:
                     progress(len(chunk))
-        return out
+        return _not_found(out, matcher)
 
     def _replay_overlapped(self, pages: OldestFirst, where: Selector | None, limit: int | None, to: str | None,
                            out: Outcome, progress: Callable[[int], None] | None) -> None:
@@ -230,7 +255,7 @@ class DeadLetterQueue:
     def _write(self, batch: _Batch) -> list[int]:
         """Move a planned batch, count and archive it; 1 (moved) or 0 (gone) per letter.
 
-        The delivery counters go first (``Operator.forget``), so an interruption anywhere loses nothing.
+        The delivery counters go first (``Backend.forget``), so an interruption anywhere loses nothing.
         """
         self.op.forget_keys(batch.counters)
         moved = self._run(batch)
@@ -273,7 +298,8 @@ class DeadLetterQueue:
             # written and a letter arriving meanwhile is never deleted unseen.
             out = self._delete_lists()
         else:
-            out = self._remove(where, limit, progress, batch)
+            matcher = one_pass(where)
+            out = _not_found(self._remove(matcher, limit, progress, batch), matcher)
         self.op.count(Stat.PURGED, out.done)
         self._count(totals.Metric.PURGED, out.done)
         return out
@@ -308,7 +334,8 @@ class DeadLetterQueue:
             gone = [letter for letter, n in zip(letters, results) if n and letter.message]
             self.op.archive.purged(gone, dlq=self.name)
             # A chord waiting for one of them fails now, once (redis/chords.py).
-            members = [(letter.task_id, letter.task_name) for letter in gone if letter.header("group")]
+            members = [(letter.task_id, letter.task_name or "") for letter in gone
+                       if letter.task_id and letter.header("group")]
             fail_purged(self.op.chords, self.op.app, members, dlq=self.name)
             out.matched += len(letters)
             out.done += removed
@@ -319,13 +346,20 @@ class DeadLetterQueue:
         return out
 
 
+def _not_found(out: Outcome, matcher: Selector | None) -> Outcome:
+    """``out`` with the task ids a :class:`TaskIds` pass did not find."""
+    if isinstance(matcher, IdPass):
+        out.not_found = matcher.missing
+    return out
+
+
 @dataclass
 class _Batch:
     """One batch of a replay as :meth:`DeadLetterQueue._plan` prepares it: all :meth:`~DeadLetterQueue._write` sends.
 
     ``letters`` are those with a target, ``queues`` their targets;
     ``keys``/``args`` the ``replay_batch.lua`` call; ``counters`` the keys
-    ``Operator.forget`` deletes; ``entries`` their ``replayed`` events (None:
+    ``Backend.forget`` deletes; ``entries`` their ``replayed`` events (None:
     no archive). ``key`` is the list they were read from, ``read`` how many
     letters of the page the batch stands for.
     """

@@ -1,7 +1,7 @@
 """One screenful of a DLQ, read from either end of its lists: what the web dashboard shows.
 
 A DLQ of 100,000 dead letters is never read whole for a page. Its lists
-(kombu's priority sub-lists, in :meth:`Operator.list_keys` order) are taken
+(kombu's priority sub-lists, in :meth:`Backend.list_keys <celery_dlq.ops.backend.Backend.list_keys>` order) are taken
 as one sequence, oldest first (the order of :meth:`DeadLetterQueue.entries`)
 or its exact reverse, newest first. A page starts at a position in that
 sequence and reads ``LRANGE`` batches from there: without a selection one
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from celery_dlq.ops.letters import DeadLetter, Filter, Selector
+from celery_dlq.ops.letters import DeadLetter, Filter, Selector, one_pass
 from celery_dlq.storage.lists import tail_range
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newes
     anchors: list[str] = []
     position, scanned = start, 0
     needle = where.needle() if isinstance(where, Filter) else None
+    where = one_pass(where)
     while len(shown) < count and position < total and (where is None or scanned < scan):
         located = _locate(segments, position)
         if located is None:
@@ -177,8 +178,8 @@ def _search(dead: DeadLetterQueue, key: str, task_id: str, at: int, *, around: b
             lo = max(0, lo - size)
         for first, last in ranges:
             found = scripts.run("find_letter", [key], [task_id, first, last])
-            hits = [DeadLetter.parse(dead.name, key, found[i + 1], dead.op.accept) for i in range(0, len(found), 2)]
-            hits = [(int(found[2 * n]), letter) for n, letter in enumerate(hits) if letter.task_id == task_id]
+            parsed = [DeadLetter.parse(dead.name, key, found[i + 1], dead.op.accept) for i in range(0, len(found), 2)]
+            hits = [(int(found[2 * n]), letter) for n, letter in enumerate(parsed) if letter.task_id == task_id]
             if hits:  # around: the nearest to the anchor; else the oldest (the highest index)
                 return (min(hits, key=lambda h: abs(h[0] - center)) if around else max(hits, key=lambda h: h[0]))[1]
         size = min(size * 2, SEARCH_MOST)

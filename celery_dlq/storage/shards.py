@@ -140,6 +140,25 @@ class ShardedStore:
         width = len(edges_ms) - 1
         return [sum(replies[n * width + i] for n in range(len(shards))) for i in range(width)]
 
+    def overdue(self, cutoff_ms: int, sample: int) -> tuple[int, Counter[str]]:
+        """Entries parked or leased with a time before ``cutoff_ms``: the exact total, and the queues of at most
+        ``sample`` of them per shard (waiting ones first, longest overdue first). Each shard in one transaction
+        (one slot), so its count and sample are of one instant."""
+        total, by_queue = 0, Counter[str]()
+        for shard in self.all:
+            k, cutoff = shard.keys, f"({cutoff_ms}"
+            pipe = self.client.pipeline(transaction=True)
+            for key in (k.schedule, k.leases):
+                pipe.zcount(key, "-inf", cutoff)
+            for key in (k.schedule, k.leases):
+                pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=sample)
+            waiting, leased, due_ids, leased_ids = pipe.execute()
+            total += int(waiting) + int(leased)
+            ids = (due_ids + leased_ids)[:sample]
+            queues = self.client.hmget(k.queues, ids) if ids else []
+            by_queue.update(_text(queue) for queue in queues if queue is not None)
+        return total, by_queue
+
     def next_due(self) -> float | None:
         due = [d for d in (shard.store.next_due() for shard in self.all) if d is not None]
         return min(due) if due else None

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from celery_dlq.ops.letters import Filter, TaskIds
-from celery_dlq.ops.queue import DeadLetterQueue
+from celery_dlq.ops import DeadLetterQueue, NothingSelected, ReplayIntoItself, Selection, Selector
+from celery_dlq.ops.queue import refuse_self_replay
 from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE
 from celery_dlq.web.jobs import Job
 from celery_dlq.web.middleware import client_address, cookie_path
@@ -51,39 +51,30 @@ async def posted(request: Request, action: str | None = None) -> FormData:
     return form
 
 
-class Selection:
-    """Which dead letters an action takes: ticked ids, the filter's matches, or the whole DLQ (``all``)."""
+class Action:
+    """An action's verb, its :class:`celery_dlq.ops.Selection` (ticked ids, the filter's matches, or ``all``)
+    read from a form or query string, and a replay's ``to``."""
 
     def __init__(self, params: Any, verb: str) -> None:
         if verb not in VERBS:
             raise HTTPException(400, f"unknown action {verb!r}")
         self.verb, self.query = verb, Query.parse(params)
-        self.ids = [i for i in params.getlist("id") if i]
-        self.everything = params.get("all") == "1"
         self.to = (params.get("to") or "").strip() or None
-        if not (self.ids or self.query.values or self.everything):
-            raise HTTPException(400, "say which dead letters: tick some, filter, or choose all")
+        try:
+            self.chosen = Selection.of(params.getlist("id"), self.query.selection(), params.get("all") == "1")
+        except NothingSelected:
+            raise HTTPException(400, "say which dead letters: tick some, filter, or choose all") from None
+        self.ids, self.everything = list(self.chosen.ids), self.chosen.everything
 
-    def where(self) -> Filter | TaskIds | None:
-        """A fresh selector (a :class:`TaskIds` serves one pass): replay the oldest of each id, purge every one."""
-        where = self.query.selection()
-        return TaskIds(self.ids, where, every=self.verb == "purge") if self.ids else where
-
-    def count(self, dead: DeadLetterQueue) -> int:
-        """How many the action takes now: a group's count from its index (exact, no pass), else a pass."""
-        where = self.where()
-        if not self.ids and set(self.query.values) == {"group"}:
-            rows = dead.op.groups(dead.name).per_dlq.get(dead.name, [])
-            return next((g.count for g in rows if g.group_id == self.query.values["group"]), 0)
-        return dead.depth() if where is None else sum(1 for _ in dead.entries(where))
+    def where(self) -> Selector | None:
+        """What the action passes to the DLQ: replay the oldest of each id, purge every one."""
+        return self.chosen.selector(every=self.verb == "purge")
 
     def describe(self, dead: DeadLetterQueue) -> str:
-        if self.ids:
-            what = f"{len(self.ids)} selected task id(s)"
-        elif self.query.values:
+        if self.ids or not self.query.values:
+            what = self.chosen.describe()
+        else:   # the filter as typed (``since=2h``), not as read
             what = "every dead letter matching " + ", ".join(f"{k}={v}" for k, v in self.query.values.items())
-        else:
-            what = "every dead letter"
         return f"{VERBS[self.verb]} {what} of {dead.name}" + (f" to {self.to}" if self.to else "")
 
 
@@ -92,8 +83,8 @@ def confirm_page(request: Request) -> Response:
     verb = request.query_params.get("action", "")
     require(request, verb if verb in VERBS else "replay")
     dead = request.app.state.op.queue(request.path_params["name"])
-    selection = Selection(request.query_params, verb)
-    return render(request, "confirm.html", dead=dead, selection=selection, count=selection.count(dead),
+    selection = Action(request.query_params, verb)
+    return render(request, "confirm.html", dead=dead, selection=selection, count=dead.count(selection.where()),
                   title=selection.describe(dead))
 
 
@@ -101,26 +92,25 @@ async def act(request: Request) -> Response:
     """Start the replay or purge the confirmation page posted, and show its job."""
     verb = request.path_params["verb"]
     form = await posted(request, verb if verb in VERBS else "replay")
-    job = await start(request, request.path_params["name"], Selection(form, verb), _expected(form))
+    job = await start(request, request.path_params["name"], Action(form, verb), _expected(form))
     return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
 
 
-async def start(request: Request, name: str, selection: Selection, expected: int | None) -> Job:
+async def start(request: Request, name: str, selection: Action, expected: int | None) -> Job:
     """Start ``selection``'s replay or purge of DLQ ``name`` as a background job (the role was checked)."""
     verb, op = selection.verb, request.app.state.op
     dead = await run_in_threadpool(op.queue, name)
-    if verb == "replay" and selection.to == dead.name:
-        raise HTTPException(400, f"cannot replay {dead.name} into itself")
+    if verb == "replay":
+        try:
+            refuse_self_replay(dead.name, selection.to)
+        except ReplayIntoItself as exc:
+            raise HTTPException(400, str(exc)) from None
     where = selection.where()
 
-    def work(progress: Any) -> Any:
+    def work(progress: Any) -> Any:   # ticked ids nobody found come back in the outcome's ``not_found``
         if verb == "replay":
-            out = dead.replay(where, to=selection.to, progress=progress)
-        else:
-            out = dead.purge(where, force=True, progress=progress)
-        if isinstance(where, TaskIds):  # ticked ids nobody found: replayed or purged by someone else
-            out.missing += len(where.missing)
-        return out
+            return dead.replay(where, to=selection.to, progress=progress)
+        return dead.purge(where, force=True, progress=progress)
 
     return request.app.state.jobs.start(selection.describe(dead), verb, dead.name, expected, request.state.user, work)
 

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from celery_dlq.web.actions import PARKED_VERBS, VERBS, Selection, act_on_parked, start
+from celery_dlq.web.actions import PARKED_VERBS, VERBS, Action, act_on_parked, start
 from celery_dlq.web.query import FILTERS
 from celery_dlq.web.render import href
 from celery_dlq.web.roles import require
@@ -49,7 +49,8 @@ async def body(request: Request, action: str) -> dict:
 
 
 def selection_params(data: dict) -> ImmutableMultiDict:
-    """A JSON action's selection as the query parameters the pages send (one :class:`Selection` for both)."""
+    """A JSON action's selection as the query parameters the pages send (one
+    :class:`~celery_dlq.web.actions.Action` for both)."""
     filters = data.get("filter") or {}
     if not isinstance(filters, dict) or not isinstance(data.get("ids") or [], list):
         raise HTTPException(400, '"filter" must be an object and "ids" a list')
@@ -69,7 +70,7 @@ def selection_params(data: dict) -> ImmutableMultiDict:
 async def dlq_action(request: Request) -> Response:
     verb = request.path_params["verb"]
     data = await body(request, verb if verb in VERBS else "replay")
-    job = await start(request, request.path_params["name"], Selection(selection_params(data), verb), None)
+    job = await start(request, request.path_params["name"], Action(selection_params(data), verb), None)
     return JSONResponse({"job_id": job.job_id, "title": job.title, "url": href(request, f"/api/jobs/{job.job_id}")},
                         202)
 
@@ -88,7 +89,8 @@ def job_status(request: Request) -> Response:
     out = job.outcome
     return JSONResponse({"job_id": job.job_id, "title": job.title, "verb": job.verb, "dlq": job.dlq,
                          "user": job.user, "running": job.running, "done": out.done if out else job.done,
-                         "missing": out.missing if out else 0, "failed": len(out.failed) if out else 0,
+                         "missing": out.missing + len(out.not_found) if out else 0,
+                         "not_found": list(out.not_found) if out else [], "failed": len(out.failed) if out else 0,
                          "error": job.error})
 
 

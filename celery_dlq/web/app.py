@@ -26,7 +26,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
-from celery_dlq.ops.operator import Operator
+from celery_dlq.ops import Operator
 from celery_dlq.settings import web_token
 from celery_dlq.urls import sanitize
 from celery_dlq.web import actions, api, views
@@ -98,7 +98,7 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
 
 def _users(basic_auth: Iterable[str], users_file: str | os.PathLike | None) -> dict[str, User]:
     """Every source's users; a name in two sources is an error (which password would win is not obvious)."""
-    sources = [parse_users(basic_auth), read_users_file(users_file) if users_file else {},
+    sources = [parse_users(basic_auth), read_users_file(os.fspath(users_file)) if users_file else {},
                parse_users(os.environ.get(USERS_ENV, "").splitlines(), f"${USERS_ENV}")]
     users: dict[str, User] = {}
     for source in sources:

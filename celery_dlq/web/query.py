@@ -1,4 +1,4 @@
-"""The DLQ page's URL parameters: the filters of ``celery dlq list``, paging and order.
+"""The DLQ page's URL parameters: the filters of ``celery dlq list`` (read by ``ops.selection``), paging, order.
 
 Parameter names are the CLI's option names (``task``, ``reason``,
 ``exception``, ``original_queue``, ``since``, ``until``, ``grep``, ``group``), so a
@@ -11,16 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from celery_dlq.errors import ConfigurationError
-from celery_dlq.headers import Reason
 from celery_dlq.ops.letters import Filter
-from celery_dlq.storage.groups import is_group_id
-from celery_dlq.timespec import parse_since
+from celery_dlq.ops.selection import PARAMS, BadSelection, parse_filter
 
-#: URL parameter -> Filter field.
-FILTERS = {"task": "task_name", "reason": "reason", "exception": "exception_type",
-           "original_queue": "original_queue", "since": "since", "until": "until", "grep": "text",
-           "group": "group"}
+#: The filters' URL parameters (``celery_dlq.ops.selection.PARAMS``, the CLI's option names).
+FILTERS = PARAMS
 PAGE_SIZES = (20, 50, 100, 200)
 
 
@@ -40,11 +35,6 @@ class Query:
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> Query:
         values = {name: str(params[name]).strip() for name in FILTERS if str(params.get(name) or "").strip()}
-        if values.get("reason") and values["reason"] not in Reason.ALL:
-            raise BadQuery(f"reason must be one of {', '.join(Reason.ALL)}, got {values['reason']!r}")
-        if values.get("group") and not is_group_id(values["group"]):
-            raise BadQuery("group must be a group id (16 hex digits, as the groups page shows), "
-                           f"got {values['group']!r}"[:200])
         order = params.get("order") or "newest"
         if order not in ("newest", "oldest"):
             raise BadQuery(f"order must be newest or oldest, got {order!r}")
@@ -55,20 +45,14 @@ class Query:
         if start < 0 or size not in PAGE_SIZES:
             raise BadQuery(f"start must be >= 0 and size one of {PAGE_SIZES}")
         query = cls(values, order == "newest", start, size)
-        query.selection()  # a bad pattern or time fails here, with its message
+        query.selection()  # a bad value fails here, with its message
         return query
 
     def selection(self, now: float | None = None) -> Filter | None:
-        """The :class:`Filter` these values mean (as ``celery dlq list`` builds it); None when unfiltered."""
-        if not self.values:
-            return None
-        fields = {FILTERS[name]: value for name, value in self.values.items()}
+        """The :class:`Filter` these values mean (``ops.selection.parse_filter``, as the CLI reads its options)."""
         try:
-            for name in ("since", "until"):
-                if name in fields:
-                    fields[name] = parse_since(fields[name], now)
-            return Filter(**fields)
-        except ConfigurationError as exc:
+            return parse_filter(self.values, now)
+        except BadSelection as exc:
             raise BadQuery(str(exc)) from None
 
     @property

@@ -11,14 +11,16 @@ Pure redis-py (no Starlette), so the CLI uses it without the web extra.
 """
 from __future__ import annotations
 
+import builtins
 import hashlib
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery_dlq.storage.keys import Keys
+if TYPE_CHECKING:
+    from celery_dlq.storage.keys import Keys
 
 #: A login lasts this long (seconds).
 SESSION_TTL = 12 * 3600
@@ -100,7 +102,7 @@ class Sessions:
         self._delete(digests)
         return len(digests)
 
-    def _delete(self, digests: list[str]) -> None:
+    def _delete(self, digests: builtins.list[str]) -> None:
         if not digests:
             return
         pipe = self.client.pipeline(transaction=True)

@@ -18,12 +18,14 @@ between addresses, and the same trade Django's and Sidekiq's lockouts make.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import WatchError
 
-from celery_dlq.storage.keys import Keys
 from celery_dlq.web.users import TOKEN_USER
+
+if TYPE_CHECKING:
+    from celery_dlq.storage.keys import Keys
 
 #: Failed logins allowed per address and per user in one window.
 LOGIN_LIMIT = 5

@@ -12,12 +12,9 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq import headers as H
-from celery_dlq.ops.groups import GroupReport
-from celery_dlq.ops.letters import DeadLetter
-from celery_dlq.ops.operator import Operator
+from celery_dlq.ops import GroupReport, Operator
+from celery_dlq.ops.operator import TREND_KINDS
 from celery_dlq.ops.window import find_letter, letter_at, parse_anchor, read_window
-from celery_dlq.storage.lists import oldest_pages
-from celery_dlq.storage.trends import KINDS
 from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
@@ -33,13 +30,8 @@ def overview(request: Request) -> Response:
     """Every DLQ: depth, queue, parked retries, the oldest dead letter's age; the counters."""
     op = request.app.state.op
     rows = op.queues()
-    oldest = {}
-    for row in rows:
-        if row.name and row.dead_letters:
-            pages = oldest_pages(op.broker, op.list_keys(row.name), 1)
-            times = [DeadLetter.parse(row.name, key, raws[0], frozenset()).dead_lettered_at
-                     for key, (_, raws) in pages.items() if raws]
-            oldest[row.name] = min((t for t in times if t is not None), default=None)
+    sizes = op.sizes(row.name for row in rows if row.name and row.dead_letters)   # one pipeline for every DLQ
+    oldest = {name: size.oldest_at for name, size in sizes.items()}
     report = op.groups(names=_dlqs(rows))
     return render(request, "overview.html", rows=rows, oldest=oldest, stats=op.stats(rows),
                   jobs=request.app.state.jobs.recent()[:10], refresh=request.app.state.refresh,
@@ -55,7 +47,8 @@ def overview_json(request: Request) -> Response:
     return JSONResponse({
         "at": op.clock(), "stats": op.stats(rows), "depths": {row.name: row.dead_letters for row in rows if row.name},
         "groups": {g.group_id: g.count for g in op.groups(names=_dlqs(rows)).merged()},
-        "trends": {kind: {"hour": sum(seen.total(kind)), "week": sum(seen.total(kind, "hour"))} for kind in KINDS},
+        "trends": {kind: {"hour": sum(seen.total(kind)), "week": sum(seen.total(kind, "hour"))}
+                   for kind in TREND_KINDS},
     })
 
 
@@ -116,8 +109,8 @@ def parked_page(request: Request) -> Response:
     queue = request.query_params.get("queue") or None
     retries = list(op.parked.entries(queue, limit=PARKED_LIMIT))
     due = op.parked.due_histogram(op.clock())
-    return render(request, "parked.html", retries=retries, queue=queue, total=op.parked.store.count(),
-                  limit=PARKED_LIMIT, by_queue=op.parked.store.counts_by_queue(), due=due, due_chart=histogram(due))
+    return render(request, "parked.html", retries=retries, queue=queue, total=op.parked.count(),
+                  limit=PARKED_LIMIT, by_queue=op.parked.counts_by_queue(), due=due, due_chart=histogram(due))
 
 
 def job_page(request: Request) -> Response:
@@ -137,7 +130,7 @@ def login_page(request: Request) -> Response:
 def next_path(target: str | None) -> str:
     """Where to go after the login: a path inside the dashboard only (no open redirect)."""
     ok = target and target.startswith("/") and not target.startswith("//") and "\\" not in target
-    return target if ok else "/"
+    return target if target and ok else "/"
 
 
 ROUTES = [

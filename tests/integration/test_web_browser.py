@@ -19,7 +19,7 @@ import httpx
 import pytest
 from celery import Celery
 
-from celery_dlq.manage import Operator
+from celery_dlq.ops import Operator
 from tests.integration.test_operator import fabricate
 from tests.processes import ServerProcess, wait_for
 

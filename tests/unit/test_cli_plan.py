@@ -22,7 +22,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from celery_dlq import cli  # noqa: E402
 from celery_dlq.cli import base as cli_base  # noqa: E402
-from celery_dlq.manage import Operator  # noqa: E402
+from celery_dlq.ops import Operator  # noqa: E402
 from celery_dlq.storage.keys import QueueLists  # noqa: E402
 from tests.unit.test_manage import T0, CountingRedis, FakeClock, dead_letter, read_once, stored  # noqa: E402
 

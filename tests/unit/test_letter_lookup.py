@@ -8,7 +8,7 @@ import re
 import pytest
 from celery import Celery
 
-from celery_dlq.manage import Operator
+from celery_dlq.ops import Operator
 from celery_dlq.ops import window
 from celery_dlq.ops.window import find_letter, parse_anchor, read_window
 from celery_dlq.storage.keys import QueueLists
@@ -125,7 +125,7 @@ def test_a_stale_page_position_is_searched_around_where_it_lies_now(op, broker, 
 
 
 def test_a_filter_with_a_needle_is_searched_inside_redis_and_selects_what_matches_selects(op, broker):
-    from celery_dlq.manage import Filter
+    from celery_dlq.ops import Filter
 
     push(broker, 0, 1200)   # every letter mentions "id-<n+1>" in its arguments: candidates that must not match
     dead = op.queue("DLQ.orders")

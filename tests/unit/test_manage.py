@@ -22,7 +22,7 @@ from celery_dlq import headers as H
 from celery_dlq.cli import base as cli_base
 from celery_dlq.cli.options import parse_time
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.manage import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
+from celery_dlq.ops import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
                                TaskIds, UnknownQueue)
 from celery_dlq.message import CARRIED_PROPERTIES, Envelope
 from celery_dlq.policy import RedeliveryPolicy
@@ -246,16 +246,27 @@ def test_task_ids_select_in_one_pass_the_oldest_of_each_or_every_one(op, fake):
     dlq = op.queue("orders")
     wanted = TaskIds([b.task_id, a.task_id, "nope", b.task_id])
     assert len(wanted) == 3
-    assert [(x.task_id, x.dead_lettered_at) for x in dlq.entries(wanted)] == [(a.task_id, T0), (b.task_id, T0 + 10)]
-    assert wanted.missing == ["nope"]                  # oldest first, each id once, in the DLQ's order
-    assert [x.task_id for x in dlq.entries(wanted)] == []   # spent: one pass
+    found = list(dlq.entries(wanted))
+    assert [(x.task_id, x.dead_lettered_at) for x in found] == [(a.task_id, T0), (b.task_id, T0 + 10)]
+    assert wanted.missing_from(found) == ["nope"]      # oldest first, each id once, in the DLQ's order
+    assert list(dlq.entries(wanted)) == found          # a value: a second pass selects the same again
     every = TaskIds([a.task_id, b.task_id], Filter(task_name="shop.*"), every=True)
     assert [x.dead_lettered_at for x in dlq.entries(every)] == [T0, T0 + 5]
-    assert every.missing == [b.task_id]                # rejected by where=
-    assert len(list(dlq.entries(every.fresh()))) == 2
+    assert every.missing_from(dlq.entries(every)) == [b.task_id]   # rejected by where=
+    assert len(list(dlq.entries(every))) == 2
     limited = TaskIds([a.task_id, b.task_id])
     assert [x.task_id for x in dlq.entries(limited, limit=1)] == [a.task_id]
-    assert limited.missing == [b.task_id]              # past the limit, b was never offered, so not used up
+    assert TaskIds([a.task_id]) == TaskIds([a.task_id, a.task_id]) and hash(TaskIds([a.task_id]))
+
+
+def test_a_replay_and_a_purge_by_id_report_the_ids_they_did_not_find(op, fake):
+    a = dead_letter(fake, at=T0)
+    b = dead_letter(fake, at=T0 + 1)
+    dlq = op.queue("orders")
+    out = dlq.replay(TaskIds([b.task_id, "gone", a.task_id]), limit=1)
+    assert (out.done, out.not_found) == (1, [b.task_id, "gone"])   # b was past the limit: never offered
+    purged = dlq.purge(TaskIds(["gone", b.task_id], every=True), force=True)
+    assert (purged.done, purged.not_found) == (1, ["gone"])
 
 
 def test_pickle_is_listed_raw_never_unpickled_unless_accepted(op, fake, app):
@@ -631,7 +642,8 @@ def test_cli_replay_of_ids_moves_the_oldest_of_each_once_and_missing_ids_as_befo
     a, b = dead_letter(fake, args=(1,), at=T0), dead_letter(fake, args=(2,), at=T0 + 1)
     twin_of(fake, a, T0 + 5)
     one = run(app, fake, "replay", "orders", a.task_id, a.task_id, "nope")
-    assert one.exit_code == 0 and one.output == "Replayed 1 of 1 matching dead letter from DLQ.orders: 1 to orders.\n"
+    assert one.exit_code == 0 and one.output == ("Replayed 1 of 1 matching dead letter from DLQ.orders: 1 to orders.\n"
+                                                  "1 task id not in DLQ.orders: nope\n")   # reported by ops
     assert [m["headers"][H.DEAD_LETTERED_AT] for m in stored(fake, "orders")] == [T0]
     none = run(app, fake, "replay", "orders", "nope", "nope-2")
     assert none.exit_code == 1 and none.output == "Error: nothing matched in DLQ.orders\n"
@@ -653,7 +665,8 @@ def test_cli_purge_of_ids_deletes_every_dead_letter_of_each_in_one_pass(app, fak
     assert read_once(broker.lranges, "DLQ.orders") and ops.depth("DLQ.orders") == 4
     broker.lranges.clear()
     result = run(app, fake, "purge", "orders", a.task_id, b.task_id, "nope", "--force", ops=ops)
-    assert result.exit_code == 0 and result.output == "Deleted 3 of 3 matching dead letters from DLQ.orders.\n"
+    assert result.exit_code == 0 and result.output == ("Deleted 3 of 3 matching dead letters from DLQ.orders.\n"
+                                                       "1 task id not in DLQ.orders: nope\n")
     assert read_once(broker.lranges, "DLQ.orders")
     assert [letter.task_id for letter in ops.queue("orders").entries()] == [keep.task_id]
     missed = run(app, fake, "purge", "orders", "nope", "--force", ops=ops)

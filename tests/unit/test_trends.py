@@ -9,7 +9,7 @@ import fakeredis
 import pytest
 from celery import Celery
 
-from celery_dlq.manage import Operator
+from celery_dlq.ops import Operator
 from celery_dlq.storage import trends
 from celery_dlq.storage.keys import Keys, Shards
 from celery_dlq.storage.scripts import Scripts

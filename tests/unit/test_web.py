@@ -20,7 +20,7 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from celery_dlq import cli
-from celery_dlq.manage import Operator
+from celery_dlq.ops import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.ops.window import read_window
 from celery_dlq.web import create_app

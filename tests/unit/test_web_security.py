@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from celery_dlq import cli
-from celery_dlq.manage import Operator
+from celery_dlq.ops import Operator
 from celery_dlq.message import Envelope
 from celery_dlq.storage.keys import Keys
 from celery_dlq.web import auth, create_app
