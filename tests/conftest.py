@@ -13,7 +13,13 @@ def pytest_configure(config):
     """pytest-xdist's workers set COLUMNS=80 and LINES=24; the CLI takes $COLUMNS as the operator's width.
 
     Drop them so that a test sees what a pipe gets, with or without xdist.
+
+    And load tests/ci_skips.py as a plugin of the whole run (a conftest's own
+    hooks do not hear every report, a skip in a sub-directory's conftest for
+    one): with ``CI=true`` a run that skipped anything fails.
     """
+    if not config.pluginmanager.has_plugin("tests.ci_skips"):
+        config.pluginmanager.import_plugin("tests.ci_skips")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop("COLUMNS", None)
         os.environ.pop("LINES", None)

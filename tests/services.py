@@ -1,8 +1,10 @@
 """What a test does when a service or tool it needs is missing: skip on a laptop, fail in CI.
 
-CI sets ``CI=true``; there a missing RabbitMQ, Prometheus or Spark is a
-failure whose message says how to get it, so the run can never go green
-without the tests that need them.
+CI sets ``CI=true`` (``.ci/run`` exports it); there a missing RabbitMQ,
+Prometheus or ``promtool`` is a failure whose message says how to get it, and
+any other skip (``importorskip`` of Spark or pyarrow included) fails the run
+too (tests/ci_skips.py), so the run can never go green without the tests that
+need them.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ def listening(host: str, port: int) -> bool:
     except OSError:
         return False
 
+
+#: Why a Spark or pyarrow test is skipped (``pytest.importorskip(..., reason=SPARK_EXTRA)``); in CI the skip fails
+#: the run (tests/ci_skips.py).
+SPARK_EXTRA = "the spark extra is not installed: pip install -e '.[spark]' (scripts/test.sh installs it)"
 
 RABBITMQ_HOW = ("start RabbitMQ on 127.0.0.1:5672 (guest/guest): `rabbitmq-server -detached` "
                 "(Debian: apt-get install rabbitmq-server)")

@@ -15,7 +15,9 @@ from datetime import datetime, timezone
 import fakeredis
 import pytest
 
-pytest.importorskip("pyspark")
+from tests.services import SPARK_EXTRA
+
+pytest.importorskip("pyspark", reason=SPARK_EXTRA)
 
 from celery_dlq.analytics.export import export_events  # noqa: E402
 from celery_dlq.storage.archive import Event, EventLog  # noqa: E402

@@ -21,8 +21,9 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.integration.conftest import ROOT
+from tests.services import SPARK_EXTRA
 
-pytest.importorskip("pyspark")
+pytest.importorskip("pyspark", reason=SPARK_EXTRA)
 from celery_dlq.analytics.plan import load_plan  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -17,7 +17,9 @@ from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
-pa = pytest.importorskip("pyarrow")
+from tests.services import SPARK_EXTRA
+
+pa = pytest.importorskip("pyarrow", reason=SPARK_EXTRA)
 import pyarrow.parquet as pq  # noqa: E402
 
 from celery_dlq import cli  # noqa: E402
