@@ -254,11 +254,12 @@ class DLQSettings:
             return []
         policy, origins = self.explain(task_name, queue, levels)
         delay_origin, cap_origin = origins["redelivery_delay"], origins["max_redelivery_delay"]
-        if not is_task_level(delay_origin) or is_task_level(cap_origin) \
-                or not policy.max_redelivery_delay < policy.redelivery_delay:
+        cap = policy.max_redelivery_delay   # never None once built (10 x redelivery_delay by default)
+        if not is_task_level(delay_origin) or is_task_level(cap_origin) or cap is None \
+                or not cap < policy.redelivery_delay:
             return []
         return [f"task {task_name!r} on queue {queue!r}: redelivery_delay={policy.redelivery_delay:g} "
-                f"({delay_origin}) is capped to {policy.max_redelivery_delay:g} s by max_redelivery_delay "
+                f"({delay_origin}) is capped to {cap:g} s by max_redelivery_delay "
                 f"from {cap_origin}; set max_redelivery_delay on the task to keep its delay"]
 
 

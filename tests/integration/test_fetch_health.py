@@ -1,0 +1,59 @@
+"""An idle fetch lasts less than kombu's health check of a blocked fetch, so kombu never drops its connection.
+
+kombu >= 5.7 drops a fetch connection whose reply is overdue by ``brpop_timeout + health_check_interval``
+(``Channel._brpop_sent_at``, ``MultiChannelPoller.maybe_check_brpop_health``). celery-dlq stamps its own
+fetch the same way, so a half-open connection is still dropped, and bounds every idle wait below that
+window: with ``health_check_interval = 3`` (a 4 s window) and even ``dlq_fetch_wait = 10``, an idle worker
+keeps one fetch connection and a task published afterwards runs.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration.conftest import Harness
+
+pytestmark = pytest.mark.integration
+
+#: Redis commands a worker's connection blocks in (an idle fetch; the mover waits in BZPOPMIN too).
+BLOCKING = {"bzpopmin", "blmove", "brpop"}
+WARM_UP, IDLE = 2.0, 10.0
+
+
+def fetch_connection_ids(harness: Harness) -> set[str]:
+    """Ids of the clients of the test's database blocked now (an idle fetch, the mover's wait)."""
+    return {c["id"] for c in harness.redis.client_list()
+            if c.get("cmd") in BLOCKING and c.get("db") == str(harness.db)}
+
+
+def blocking_ids_over(harness: Harness, seconds: float) -> set[str]:
+    """Every id :func:`fetch_connection_ids` showed in ``seconds`` of looking."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen |= fetch_connection_ids(harness)
+        time.sleep(0.1)
+    return seen
+
+
+@pytest.mark.parametrize("conf", [
+    {},                                                          # the fetch listener wakes the fetch
+    {"dlq_fetch_listener": False, "dlq_fetch_wait": 10.0},       # blocks on one list, for longer than the window
+], ids=["listener", "fallback-wait-10s"])
+def test_an_idle_fetch_keeps_its_connection_under_a_short_health_check(harness, conf):
+    harness.extra_env["DLQ_TEST_CONF"] = json.dumps({**conf, "broker_transport_options": {
+        "health_check_interval": 3}})
+    worker = harness.worker(concurrency=1)
+    harness.wait_until(lambda: fetch_connection_ids(harness), timeout=30, message="an idle fetch blocked")
+    before = blocking_ids_over(harness, WARM_UP)   # the fetch's and the mover's (it waits for due entries)
+    seen = blocking_ids_over(harness, IDLE)
+    log = worker.log()
+    assert "got no reply" not in log, log[-3000:]
+    shortened = "dlq_fetch_wait 10s is longer than kombu's health check lets a fetch wait" in log
+    assert shortened is ("dlq_fetch_wait" in conf), log[-3000:]
+    assert seen <= before, f"a blocking connection was re-created: {sorted(before)} then {sorted(seen)}\n{log[-3000:]}"
+    task = harness.send("proj.noop", args=(1,))
+    harness.wait_until(lambda: harness.deliveries(task.id), timeout=15, message="the task published after idling")
+    assert blocking_ids_over(harness, 1.0) <= before, "the same connection fetched the task and waits again"
