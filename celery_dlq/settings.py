@@ -43,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
-    "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again
+    "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again;
+                                    # kept below kombu's health check of a blocked fetch (internals.kombu_redis)
     "dlq_fetch_listener": True,     # one worker hears pushes and wakes one idle fetch per message (Redis broker)
     "dlq_fetch_notifications": "auto",  # obsolete (the fetch listener needs no notifications): accepted, ignored
     "dlq_fetch_moves_due": True,    # a fetch first moves due parked retries of its own queues (Redis broker)
