@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from celery_dlq.internals.kombu_redis import FETCH_HEALTH
 from tests.integration.conftest import Harness
 
 pytestmark = pytest.mark.integration
@@ -52,7 +53,7 @@ def test_an_idle_fetch_keeps_its_connection_under_a_short_health_check(harness, 
     log = worker.log()
     assert "got no reply" not in log, log[-3000:]
     shortened = "dlq_fetch_wait 10s is longer than kombu's health check lets a fetch wait" in log
-    assert shortened is ("dlq_fetch_wait" in conf), log[-3000:]
+    assert shortened is ("dlq_fetch_wait" in conf and not FETCH_HEALTH.predates()), log[-3000:]   # kombu >= 5.7
     assert seen <= before, f"a blocking connection was re-created: {sorted(before)} then {sorted(seen)}\n{log[-3000:]}"
     task = harness.send("proj.noop", args=(1,))
     harness.wait_until(lambda: harness.deliveries(task.id), timeout=15, message="the task published after idling")

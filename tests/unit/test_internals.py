@@ -13,8 +13,8 @@ from kombu.transport import redis as kombu_redis
 from celery_dlq.internals import base
 from celery_dlq.internals.base import ATTRIBUTE, INSTANCE_ATTRIBUTE, METHOD, Feature, Internal
 from celery_dlq.internals.billiard_einfo import formats_identically
-from celery_dlq.internals.features import FEATURES, OPTIONAL, every_internal
 from celery_dlq.internals.celery_worker import half_done_io
+from celery_dlq.internals.features import FEATURES, OPTIONAL, every_internal
 from celery_dlq.internals.kombu_redis import (
     FETCH,
     FETCH_HEALTH,
@@ -42,12 +42,15 @@ def fresh_reports():
 
 @pytest.mark.parametrize("feature,internal", ALL, ids=[i.path for _, i in ALL])
 def test_every_internal_holds_on_the_installed_versions(feature, internal):
+    if feature.predates():   # a newer release's (fetch health: kombu >= 5.7): missing here, as it should be
+        assert internal.missing()
+        return
     assert internal.problem() is None, f"{feature.name}: {internal.problem()} (used for: {internal.used_for})"
 
 
 @pytest.mark.parametrize("feature", FEATURES, ids=[f.name for f in FEATURES])
 def test_every_feature_is_usable_here(feature):
-    assert feature.problems() == []
+    assert feature.problems() == [] or feature.predates()
 
 
 def test_the_compact_traceback_formats_as_billiards_own():
@@ -126,8 +129,10 @@ def test_a_feature_with_a_moved_internal_warns_once_naming_it(caplog, monkeypatc
 
 @pytest.mark.parametrize("feature,internal", ALL, ids=[i.path for _, i in ALL])
 def test_hiding_any_internal_switches_off_its_feature_and_only_it(feature, internal, monkeypatch):
+    newer = {f.name for f in FEATURES if f.predates()}   # off already: a newer release's
     hide(key(internal), monkeypatch)
-    assert [f.name for f in FEATURES if not base.usable(f)] == [feature.name]
+    off = [f.name for f in FEATURES if not base.usable(f) and f.name not in newer]
+    assert off == ([] if feature.name in newer else [feature.name])
 
 
 def test_a_behaviour_check_that_crashes_counts_as_failed():
