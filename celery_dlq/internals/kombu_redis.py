@@ -1,10 +1,12 @@
-"""kombu internals: the Redis transport's fetch and ack records, and the raw element of a consumed message.
+"""kombu internals: the Redis transport's fetch, its health stamp and ack records, and a message's raw element.
 
 celery-dlq's fetch (:mod:`celery_dlq.worker.transport`) subclasses kombu's
-Redis ``Channel`` and ``QoS`` and overrides their private fetch methods;
-its parking reads the element kombu popped. kombu has no public extension
-point for either (docs/internals.md). Everything private it touches is
-listed here and read through the functions below.
+Redis ``Channel`` and ``QoS`` and overrides their private fetch methods,
+holds what it fetched in the virtual QoS only, and stamps each fetch for
+kombu's (>= 5.7) health check of a blocked fetch, waiting less than that
+check allows; its parking reads the element kombu popped. kombu has no
+public extension point for any of it (docs/internals.md). Everything
+private it touches is listed here and read through the functions below.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def _redis_qos_extends_virtual_qos() -> str | None:
     if redis_qos.__bases__ != (virtual_qos,):
         return f"{_QOS.replace(':', '.')} no longer derives from {_VIRTUAL}.QoS alone ({redis_qos.__bases__})"
     return None
+
 
 FETCH = Feature(
     name="fetch",
