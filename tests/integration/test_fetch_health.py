@@ -4,11 +4,14 @@ kombu >= 5.7 drops a fetch connection whose reply is overdue by ``brpop_timeout 
 (``Channel._brpop_sent_at``, ``MultiChannelPoller.maybe_check_brpop_health``). celery-dlq stamps its own
 fetch the same way, so a half-open connection is still dropped, and bounds every idle wait below that
 window: with ``health_check_interval = 3`` (a 4 s window) and even ``dlq_fetch_wait = 10``, an idle worker
-keeps one fetch connection and a task published afterwards runs.
+keeps one fetch connection and a task published afterwards runs. And the stamp is still needed: a fetch on a
+half-open connection is dropped by kombu's check, and the worker goes on (without the stamp it waits forever).
 """
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import pytest
@@ -58,3 +61,75 @@ def test_an_idle_fetch_keeps_its_connection_under_a_short_health_check(harness, 
     task = harness.send("proj.noop", args=(1,))
     harness.wait_until(lambda: harness.deliveries(task.id), timeout=15, message="the task published after idling")
     assert blocking_ids_over(harness, 1.0) <= before, "the same connection fetched the task and waits again"
+
+
+class FreezingProxy:
+    """A TCP proxy to the test's redis-server whose open connections can be frozen: nothing is forwarded any
+    more and nothing is closed, as a connection to a server that vanished without a FIN (a half-open one)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.sockets = target_port, []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._frozen_pairs: set[int] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        """Every connection open now forwards nothing from here on (new ones work)."""
+        self._frozen_pairs |= {id(pair) for pair in self.sockets}
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            pair = (client, server)
+            self.sockets.append(pair)
+            for source, dest in (pair, pair[::-1]):
+                threading.Thread(target=self._pump, args=(pair, source, dest), daemon=True).start()
+
+    def _pump(self, pair: tuple, source: socket.socket, dest: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if id(pair) in self._frozen_pairs:
+                    continue   # swallowed: the peer never answers
+                dest.sendall(data)
+        except OSError:
+            pass
+        if id(pair) not in self._frozen_pairs:
+            for sock in pair:
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for pair in self.sockets:
+            for sock in pair:
+                sock.close()
+
+
+def test_a_fetch_on_a_half_open_connection_is_dropped_by_kombus_check_and_the_worker_goes_on(harness, redis_server):
+    """Why the fetch is still stamped for kombu's check: without it, a fetch whose connection went half-open
+    waits forever (the event loop reads only a readable socket, no timeout applies) and the worker stops
+    taking messages."""
+    if FETCH_HEALTH.predates():
+        pytest.skip("kombu < 5.7 has no health check of a blocked fetch")
+    proxy = FreezingProxy(redis_server.port)
+    try:
+        harness.extra_env.update(DLQ_TEST_BROKER=f"redis://127.0.0.1:{proxy.port}/{harness.db}",
+                                 DLQ_TEST_CONF=json.dumps({"broker_transport_options": {"health_check_interval": 3}}))
+        worker = harness.worker(concurrency=1)
+        harness.wait_until(lambda: fetch_connection_ids(harness), timeout=30, message="an idle fetch blocked")
+        time.sleep(1.0)
+        proxy.freeze()
+        task = harness.send("proj.noop", args=(2,))   # straight to the server: only a fresh fetch sees it
+        harness.wait_until(lambda: harness.deliveries(task.id), timeout=45,
+                           message="the task sent while the fetch's connection was half-open")
+        assert "got no reply" in worker.log()
+        assert worker.proc.poll() is None
+    finally:
+        proxy.close()
