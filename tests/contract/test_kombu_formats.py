@@ -101,6 +101,7 @@ def consume_twice(url: str, first: Any, second: Any, queue: str) -> tuple[list[d
             conn.drain_events(timeout=10)
             raw.append(dict(taken[0]._raw))
             taken[0].ack()
+    client.delete(*client.keys("gk:*"), *client.keys(f"{{fmt{queue}}}*"), "-")   # kombu's records, our in-flight
     client.close()
     return raw, holding, unacked
 
