@@ -43,7 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "dlq_audit_ttl": 7 * DAY,       # how long "this delivery was dead-lettered" is remembered
     "dlq_events_max_length": 100_000,  # events kept in the archive stream (XADD MAXLEN ~); 0: no archive
     "dlq_fetch_transport": True,    # on a Redis broker, the worker fetches with celery-dlq's transport
-    "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again
+    "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again;
+                                    # kept below kombu's health check of a blocked fetch (internals.kombu_redis)
     "dlq_fetch_listener": True,     # one worker hears pushes and wakes one idle fetch per message (Redis broker)
     "dlq_fetch_notifications": "auto",  # obsolete (the fetch listener needs no notifications): accepted, ignored
     "dlq_fetch_moves_due": True,    # a fetch first moves due parked retries of its own queues (Redis broker)
@@ -254,11 +255,12 @@ class DLQSettings:
             return []
         policy, origins = self.explain(task_name, queue, levels)
         delay_origin, cap_origin = origins["redelivery_delay"], origins["max_redelivery_delay"]
-        if not is_task_level(delay_origin) or is_task_level(cap_origin) \
-                or not policy.max_redelivery_delay < policy.redelivery_delay:
+        cap = policy.max_redelivery_delay   # never None once built (10 x redelivery_delay by default)
+        if not is_task_level(delay_origin) or is_task_level(cap_origin) or cap is None \
+                or not cap < policy.redelivery_delay:
             return []
         return [f"task {task_name!r} on queue {queue!r}: redelivery_delay={policy.redelivery_delay:g} "
-                f"({delay_origin}) is capped to {policy.max_redelivery_delay:g} s by max_redelivery_delay "
+                f"({delay_origin}) is capped to {cap:g} s by max_redelivery_delay "
                 f"from {cap_origin}; set max_redelivery_delay on the task to keep its delay"]
 
 

@@ -5,7 +5,8 @@ so deleting it from the real class would break the library, not simulate a
 move. Instead the seam's view of the owner (``internals.base.resolve``) is
 replaced by a class without it: a subclass where the attribute raises
 AttributeError, or, for an instance attribute, a class whose ``__init__``
-(the method that assigned it) no longer does.
+(the method that assigned it) no longer does and whose other class
+attributes are the owner's.
 """
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ class _Gone:
         raise AttributeError(self.name)
 
 
+class _Forwarding(type):
+    """A class whose other class attributes are its model's (the internals of the same owner stay there)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(cls.__dict__["_model"], name)
+
+
 def without(owner: type, internal: base.Internal) -> type:
     if internal.kind == base.INSTANCE_ATTRIBUTE:
         original = getattr(owner, internal.assigned_in)
@@ -40,7 +48,7 @@ def without(owner: type, internal: base.Internal) -> type:
         def same_but_assigning_nothing(self, *args, **kwargs):
             return original(self, *args, **kwargs)
 
-        return type(owner.__name__, (), {internal.assigned_in: same_but_assigning_nothing})
+        return _Forwarding(owner.__name__, (), {internal.assigned_in: same_but_assigning_nothing, "_model": owner})
     return type(owner.__name__, (owner,), {internal.name: _Gone()})
 
 

@@ -69,6 +69,16 @@ class Internal:
             return _signature_problem(self.path, getattr(owner, self.name), self.params)
         return None
 
+    def missing(self) -> bool:
+        """Whether the owner has no such attribute at all (as in a release older than the one that added it)."""
+        try:
+            owner = resolve(self.owner)
+        except (ImportError, AttributeError):
+            return True
+        if self.kind == INSTANCE_ATTRIBUTE:
+            return not _assigned_in(owner, self.assigned_in, self.name)
+        return not hasattr(owner, self.name)
+
 
 def _signature_problem(path: str, method: Any, params: tuple[str, ...]) -> str | None:
     try:
@@ -117,6 +127,13 @@ class Feature:
     internals: tuple[Internal, ...]
     #: Extra check that runs code (e.g. formats a traceback both ways); returns a problem or None.
     behaves: Callable[[], str | None] | None = field(default=None, compare=False)
+    #: The release that added these internals (e.g. ``"kombu 5.7"``); where every one of them is missing, an
+    #: older release is installed and the feature is off without a warning.
+    since: str = ""
+
+    def predates(self) -> bool:
+        """Whether the installed library is older than :attr:`since` (every internal missing)."""
+        return bool(self.since) and all(internal.missing() for internal in self.internals)
 
     def problems(self) -> list[str]:
         found = [problem for problem in (internal.problem() for internal in self.internals) if problem]
@@ -135,11 +152,14 @@ def usable(feature: Feature) -> bool:
     """Whether every internal of ``feature`` holds; the first time one fails, one WARNING names it.
 
     Checked once per process and feature (a worker start); :func:`forget`
-    clears the record (tests).
+    clears the record (tests). A feature of a release newer than the one
+    installed (:meth:`Feature.predates`) is off without a warning.
     """
     if feature.name not in _reported:
         problems = _reported[feature.name] = feature.problems()
-        if problems:
+        if problems and feature.predates():
+            logger.debug("celery-dlq: %s is off (needs %s)", feature.does, feature.since)
+        elif problems:
             logger.warning("celery-dlq: %s; %s is off, %s", "; ".join(problems), feature.does, feature.fallback)
     return not _reported[feature.name]
 

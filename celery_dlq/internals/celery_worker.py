@@ -3,11 +3,14 @@
 celery-dlq's Request subclass (:mod:`celery_dlq.worker.request`) takes
 over a discarded expired message in ``_announce_revoked`` and records
 results with the request's ``_context``; the pool fix
-(:mod:`celery_dlq.worker.poolfix`) reads the prefork pool's pipe tables; the
+(:mod:`celery_dlq.worker.poolfix`) wraps the hub's reset and the pool's registration through
+:func:`wrap_reset_and_registration` and reads the pipe tables here; the
 consumer callbacks it wraps are public names whose arguments it relies on.
 """
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from typing import Any
 
 from celery.app.task import Context
@@ -15,6 +18,7 @@ from celery.app.task import Context
 from celery_dlq.internals.base import ATTRIBUTE, INSTANCE_ATTRIBUTE, METHOD, Feature, Internal
 
 _REQUEST, _CONSUMER = "celery.worker.request:Request", "celery.worker.consumer.consumer:Consumer"
+_HUB = "kombu.asynchronous.hub:Hub"
 
 EXPIRED_TAKEOVER = Feature(
     name="expired takeover",
@@ -46,7 +50,9 @@ POOL_IO = Feature(
                  "which hub readers are result pipes"),
         Internal("celery.concurrency.asynpool:AsynPool", "_fileno_to_inq", INSTANCE_ATTRIBUTE,
                  "which hub writers are job pipes"),
-        Internal("kombu.asynchronous.hub:Hub", "reset", METHOD, "wrapped to keep the pipe generators", ("self",)),
+        Internal(_HUB, "reset", METHOD, "wrapped to keep the pipe generators", ("self",)),
+        Internal(_HUB, "readers", INSTANCE_ATTRIBUTE, "fd -> (callback, args): a half-done pipe read is a generator"),
+        Internal(_HUB, "writers", INSTANCE_ATTRIBUTE, "fd -> (callback, args): a half-done pipe write is a generator"),
         Internal("celery.concurrency.prefork:TaskPool", "register_with_event_loop", METHOD,
                  "wrapped to put them back", ("self", "loop")),
     ),
@@ -104,3 +110,45 @@ def pool_fds(pool: Any, table: str) -> set[int]:
     """The pipe fds of a prefork task pool: ``"out"`` (results) or ``"in"`` (jobs)."""
     inner = getattr(pool, "_pool", None)
     return set(getattr(inner, f"_fileno_to_{table}q", None) or ())
+
+
+#: Set on a hub whose reset is wrapped (once per worker).
+_WRAPPED = "_celery_dlq_keeps_half_done_io"
+
+
+def wrap_reset_and_registration(hub: Any, pool: Any, before_reset: Callable[[], None],
+                                after_register: Callable[[Any], None]) -> bool:
+    """Call ``before_reset()`` before each ``hub.reset()`` and ``after_register(loop)`` after each
+    ``pool.register_with_event_loop(loop)``; once per hub. Returns whether it wrapped them."""
+    if hub is None or pool is None or getattr(hub, _WRAPPED, False) \
+            or not hasattr(hub, "readers") or not hasattr(pool, "register_with_event_loop"):
+        return False
+    reset, register = hub.reset, pool.register_with_event_loop
+
+    def reset_after_hook() -> Any:
+        before_reset()
+        return reset()
+
+    def register_then_hook(loop: Any) -> Any:
+        result = register(loop)
+        after_register(loop)
+        return result
+
+    hub.reset = reset_after_hook
+    pool.register_with_event_loop = register_then_hook
+    setattr(hub, _WRAPPED, True)
+    return True
+
+
+def half_done_io(hub: Any, fds: set[int], writers: bool = False) -> dict[int, tuple]:
+    """The hub's readers (``writers``: writers) on ``fds`` that are half-done: a generator callback, as AsynPool
+    registers one in the middle of a message."""
+    table = hub.writers if writers else hub.readers
+    return {fd: entry for fd, entry in list(table.items())
+            if fd in fds and entry and isinstance(entry[0], types.GeneratorType)}
+
+
+def resume_io(loop: Any, fd: int, entry: tuple, writers: bool = False) -> None:
+    """Register a half-done read (``writers``: write) of :func:`half_done_io` again, to carry on where it was."""
+    generator, args = entry
+    (loop.add_writer if writers else loop.add_reader)(fd, generator, *args)

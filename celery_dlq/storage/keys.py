@@ -353,12 +353,14 @@ class QueueLists:
         return [self.key(queue, step) for step in self.steps]
 
     def key(self, queue: str, priority: Any = 0) -> str:
-        """The list kombu pushes a message of ``priority`` onto (as ``Channel._q_for_pri``)."""
+        """The list kombu pushes a message of ``priority`` onto (as ``Channel._q_for_pri``; the contract suite
+        compares the two, tests/contract/test_kombu_formats.py)."""
         try:
             priority = min(max(int(priority), 0), 9)
         except (TypeError, ValueError):
             priority = 0
-        step = self.steps[max(bisect(self.steps, priority) - 1, 0)]
+        # kombu's Channel.priority, index -1 included: below the first step (steps without 0) is the last step
+        step = self.steps[bisect(self.steps, priority) - 1]
         return self.global_keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
 
     def groups(self, dlq: str) -> str:

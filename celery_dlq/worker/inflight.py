@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from celery_dlq.internals.kombu_redis import unsettled_tags
+from celery_dlq.internals.kombu_redis import existing_qos, unsettled_tags
 from celery_dlq.storage.inflight import InFlight
 
 logger = logging.getLogger(__name__)
@@ -62,9 +62,7 @@ def held() -> set[str]:
     tags: set[str] = set()
     for channel in live_channels():
         tags.update(channel._dlq_recorded)
-        qos = channel.__dict__.get("_qos")
-        if qos is not None:
-            tags.update(unsettled_tags(qos))
+        tags.update(unsettled_tags(existing_qos(channel)))
     return tags
 
 

@@ -12,59 +12,44 @@ repeated Redis restarts, tests/integration/test_fetch_path.py; cf. celery#1314).
 
 :func:`keep_half_done_io` stashes those generators when the hub is reset and
 puts them back right after the pool registers with the event loop again, so
-each pipe carries on from where it was.
+each pipe carries on from where it was. This module is the policy; the
+wrapping and the hub's and pool's tables are touched in
+:mod:`celery_dlq.internals.celery_worker`.
 """
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any
 
-from celery_dlq.internals.celery_worker import pool_fds
+from celery_dlq.internals.celery_worker import half_done_io, pool_fds, resume_io, wrap_reset_and_registration
 
 logger = logging.getLogger(__name__)
 
-_MARK = "_celery_dlq_keeps_half_done_io"
-
-
-def _generators(table: dict, fds: set[int]) -> dict[int, tuple]:
-    return {fd: entry for fd, entry in list(table.items())
-            if fd in fds and entry and isinstance(entry[0], types.GeneratorType)}
-
 
 def keep_half_done_io(hub: Any, pool: Any) -> bool:
-    """Wrap ``hub.reset`` and ``pool.register_with_event_loop`` of one worker; returns whether it did."""
-    if hub is None or pool is None or getattr(hub, _MARK, False) \
-            or not hasattr(hub, "readers") or not hasattr(pool, "register_with_event_loop"):
-        return False
+    """Keep one worker's half-done pipe reads and writes across hub resets; returns whether it did (once per
+    worker, and only with a hub and a pool)."""
     readers: dict[int, tuple] = {}
     writers: dict[int, tuple] = {}
-    reset, register = hub.reset, pool.register_with_event_loop
 
-    def reset_keeping_half_done_io() -> Any:
-        readers.update(_generators(hub.readers, pool_fds(pool, "out")))
-        writers.update(_generators(hub.writers, pool_fds(pool, "in")))
-        return reset()
+    def stash() -> None:   # the hub is about to drop every reader and writer
+        readers.update(half_done_io(hub, pool_fds(pool, "out")))
+        writers.update(half_done_io(hub, pool_fds(pool, "in"), writers=True))
 
-    def register_and_restore(loop: Any) -> Any:
-        result = register(loop)
+    def put_back(loop: Any) -> None:   # the pool registered fresh readers: those of a pipe still its own go back
         outq, inq = pool_fds(pool, "out"), pool_fds(pool, "in")
         kept = 0
-        for fd, (generator, args) in readers.items():
+        for fd, entry in readers.items():
             if fd in outq:
-                loop.add_reader(fd, generator, *args)
+                resume_io(loop, fd, entry)
                 kept += 1
-        for fd, (generator, args) in writers.items():
+        for fd, entry in writers.items():
             if fd in inq:
-                loop.add_writer(fd, generator, *args)
+                resume_io(loop, fd, entry, writers=True)
                 kept += 1
         if kept:
             logger.info("celery-dlq: %d pool pipe read(s)/write(s) half-done at the reconnect carry on", kept)
         readers.clear()
         writers.clear()
-        return result
 
-    hub.reset = reset_keeping_half_done_io
-    pool.register_with_event_loop = register_and_restore
-    setattr(hub, _MARK, True)
-    return True
+    return wrap_reset_and_registration(hub, pool, stash, put_back)

@@ -61,18 +61,20 @@ from typing import Any
 import redis
 from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from kombu.utils.uuid import uuid
 
 from celery_dlq.element import envelope_error
 from celery_dlq.internals.kombu_redis import (
+    bounded_wait,
     consume_order,
     deliver,
     flush_reauth,
     forget_held,
+    forget_settled,
     held_tags,
+    hold_in_memory,
     list_key,
     rotate,
     set_in_poll,
@@ -116,7 +118,7 @@ class QoS(kombu_redis.QoS):
         if delivery_tag in recorded:   # fetch.lua recorded it in flight: keep it in memory only
             recorded.discard(delivery_tag)
             self.channel._dlq_ours.add(delivery_tag)
-            virtual.QoS.append(self, message, delivery_tag)
+            hold_in_memory(self, message, delivery_tag)
             return
         super().append(message, delivery_tag)
 
@@ -124,7 +126,7 @@ class QoS(kombu_redis.QoS):
         if delivery_tag in self.channel._dlq_settled:   # the park script acknowledged it already
             self.channel._dlq_settled.discard(delivery_tag)
             self.channel._dlq_ours.discard(delivery_tag)
-            virtual.QoS.ack(self, delivery_tag)
+            forget_settled(self, delivery_tag)
             return
         super().ack(delivery_tag)
 
@@ -209,7 +211,6 @@ class Channel(kombu_redis.Channel):
         keys, all_keys, markers = self._dlq_fetch_keys(tuple(queues))
         connection = self.client.connection
         set_in_poll(self, connection)
-        self._brpop_sent_at = time.monotonic()
         if self._dlq_next == MARKERS:   # a listener hears every queue: one push wakes one idle worker
             self._dlq_sent = ("BZPOPMIN", keys)
             connection.send_command("BZPOPMIN", self._dlq_wake_key, *markers, self._dlq_marker_wait())
@@ -218,7 +219,7 @@ class Channel(kombu_redis.Channel):
             watched = (self.global_keyprefix or "") + queues[self._dlq_watch % len(queues)]
             self._dlq_watch += 1
             self._dlq_sent = ("BLMOVE", keys)
-            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", self._dlq_wait)
+            connection.send_command("BLMOVE", watched, watched, "RIGHT", "RIGHT", bounded_wait(self, self._dlq_wait))
             return
         self._dlq_sent = ("EVALSHA", keys)
         now, clock = time.time(), time.monotonic()
@@ -345,8 +346,7 @@ class Channel(kombu_redis.Channel):
             # The message passed validation, so this is a bug (ours or a library's), not a bad message:
             # logged, never dead-lettered; it stays in flight and comes back.
             self._dlq_recorded.discard(tag)
-            if self._qos is not None:
-                forget_held(self._qos, tag)
+            forget_held(self.qos, tag)
             logger.exception("celery-dlq: error while handing message %s from %r to the worker; it stays in "
                              "flight and is delivered again when this worker reconnects or restarts", tag, queue)
             raise kombu_redis.Empty() from None
