@@ -125,6 +125,7 @@ def test_a_behaviour_check_that_crashes_counts_as_failed():
 
 
 def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libraries():
+    import celery_dlq.worker.park as park
     import celery_dlq.worker.poolfix as poolfix
     import celery_dlq.worker.request as request
     import celery_dlq.worker.runtime as runtime
@@ -134,7 +135,7 @@ def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libr
     private = ("._message", "._request_dict", "._context", "._already_", "._raw", "._delivered", "._queue_cycle",
                "._deliver(", "._q_for_pri", "._in_poll", "._flush_brpop_reauth", "._fileno_to_", "._success_was",
                "einfo._")
-    for module in (poolfix, request, runtime, strategy, transport):
+    for module in (park, poolfix, request, runtime, strategy, transport):
         source = inspect.getsource(module)
         assert [name for name in private if name in source] == [], module.__name__
 
