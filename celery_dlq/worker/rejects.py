@@ -72,13 +72,13 @@ def _dead_lettered(channel: Any, letter: bytes, queue: str, dlq: str, error: str
     """One WARNING per invalid message dead-lettered, counted and archived."""
     logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
                    queue, dlq, error)
-    redis = channel.fetch_context.redis
-    if redis is None:
+    connections = channel.fetch_context.redis
+    if connections is None:
         return
     try:
         envelope = decode_raw(letter).as_envelope()
-        shard = redis().shard(envelope.task_id)
-        pipe = redis().client.pipeline(transaction=False)
+        shard = connections().shard(envelope.task_id)
+        pipe = connections().client.pipeline(transaction=False)
         pipe.hincrby(shard.keys.stats, Stat.DEAD_LETTERED, 1)
         totals.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
                      reason=Reason.INVALID_MESSAGE)
