@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 def _letter(channel: Any, queue: str, element: bytes, error: str) -> tuple[str | None, bytes | None]:
-    dlq = channel.fetch_context.dead_letter_queue(queue)
+    dlq = channel.fetch_context.policy(queue).dead_letter_queue(queue)
     if dlq is None:
         return None, None
     return dlq, raw_dead_letter(element, queue=queue, dlq=dlq, error=error, worker=channel._dlq_consumer,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.worker.config import Config
 from celery_dlq.worker.fetch_moves import FetchMoves, MoveTally, fetch_moves
 
@@ -56,11 +57,9 @@ class FetchContext:
         return cls(settings.key_prefix, settings.fetch_wait, settings.fetch_listener, settings.inflight_lease,
                    fetch_moves(settings, config.direct), moved, config, redis)
 
-    def dead_letter_queue(self, queue: str) -> str | None:
-        """The DLQ of an invalid message from ``queue`` (None: its policy drops dead letters)."""
-        if self.config is None:
-            return f"DLQ.{queue}"
-        return self.config.settings.policy_for("", queue).dead_letter_queue(queue)
+    def policy(self, queue: str) -> RedeliveryPolicy:
+        """The policy of ``queue`` for a message that names no task (an invalid one): where it is dead-lettered."""
+        return RedeliveryPolicy() if self.config is None else self.config.settings.policy_for("", queue)
 
 
 def use_in_worker(app: Any, context: FetchContext, enabled: bool = True) -> bool:

@@ -234,7 +234,7 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     assert app.conf.broker_transport == TS.TRANSPORT
     assert app.conf.broker_transport_options == {"global_keyprefix": "g:", TS.OPTION_FETCH: context}
     assert (context.key_prefix, context.wait, context.listener, context.inflight_lease) == ("kp", 0.25, True, 10.0)
-    assert context.moved is runtime.fetch_moved and context.dead_letter_queue("orders") == "DLQ.orders"
+    assert context.moved is runtime.fetch_moved and context.policy("orders").dead_letter_queue("orders") == "DLQ.orders"
     assert "redis://" not in repr(context)   # a dump of the configuration shows no URL
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
