@@ -152,7 +152,7 @@ class FlushCounts(bootsteps.StartStopStep):
         if self.timer is not None:
             self.timer.stop()
             self.timer = None
-        flush_counts(self.runtime.redis, self.runtime.fetch_moved)   # what was acknowledged or moved since
+        flush_counts(self.runtime.redis, self.runtime.fetch_moved)   # what was counted since the last tick
 
     shutdown = stop
 
@@ -171,7 +171,7 @@ def flush_counts(redis: Callable[[], Connections], moved: MoveTally) -> None:
 
 
 STEPS: tuple[type[bootsteps.Step], ...] = (Settings, BindConsumer, FetchTransport, KeepPoolIO, CompactTracebacks,
-                           DeadLetterDiscards, UncountUnstarted, FlushCounts, Mover)
+                                          DeadLetterDiscards, UncountUnstarted, FlushCounts, Mover)
 
 
 def bound_steps(runtime: Runtime) -> list[type]:
