@@ -145,7 +145,7 @@ class RedeliveryRequest(Request):
         return super()._announce_revoked(*args, **kwargs)
 
     def acknowledge(self):
-        """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
+        """Acknowledge, then let the message's persisted delivery counter go (``DeliveryCounters.forget``)."""
         was_acknowledged = self.acknowledged
         super().acknowledge()
         if was_acknowledged or not self.acknowledged:

@@ -41,3 +41,24 @@ def test_the_bind_consumer_step_lends_the_consumer_to_the_request_and_the_task_e
     assert runtime.consumer.timer is c.timer and runtime.events.consumer.event_dispatcher is c.event_dispatcher
     c.event_dispatcher = object()   # the consumer reconnected: a new dispatcher, read at each send
     assert runtime.events.consumer.event_dispatcher is c.event_dispatcher
+
+
+def test_building_the_task_strategy_changes_nothing_on_the_runtime():
+    """Celery builds a strategy per task at each consumer start: it must take, never set, the shared parts."""
+    from celery_dlq.worker.strategy import strategy
+
+    app = Celery("strategy", broker="redis://localhost:1/0", set_as_current=False)
+
+    @app.task(base=celery_dlq.RedeliveryTask, shared=False)
+    def work():
+        return None
+
+    runtime = celery_dlq.install(app, validate=False)
+    parts = (runtime, runtime.config, runtime.consumer, runtime.events, runtime.parking)
+    before = [dict(vars(part)) for part in parts]
+    consumer = SimpleNamespace(
+        hostname="w@h", connection_errors=(), event_dispatcher=None, timer=SimpleNamespace(call_at=None),
+        apply_eta_task=None, disable_rate_limits=True, task_buckets={}, on_task_request=None, _limit_task=None,
+        _limit_post_eta=None, pool=SimpleNamespace(apply_async=None), controller=SimpleNamespace(state=SimpleNamespace(revoked=set())))
+    assert callable(strategy(work, app, consumer))
+    assert [dict(vars(part)) for part in parts] == before
