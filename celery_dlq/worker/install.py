@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.worker.chords import wrap_chord_unlock
+from celery_dlq.worker.chords import ChordMembers, wrap_chord_unlock
 from celery_dlq.worker.runtime import Runtime, runtime_of
 from celery_dlq.worker.steps import bound_steps
 
@@ -24,7 +24,9 @@ def install(app: Any, validate: bool = True) -> Runtime:
         for step in bound_steps(runtime):
             app.steps["consumer"].add(step)
         # chord_unlock parks while a chord waits for a dead-lettered member (worker/chords.py)
-        chords = lambda: runtime.redis().chords  # noqa: E731
+        def chords() -> ChordMembers:   # this process's
+            return runtime.redis().chords
+
         if app.finalized:
             wrap_chord_unlock(app, chords)
         else:
