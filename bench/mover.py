@@ -87,14 +87,15 @@ def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
     """
     from celery_dlq.storage.store import to_ms
 
-    script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
-            dlq.keys.trends, dlq.keys.due_wake]
+    redis_ = dlq.redis()
+    script = redis_.store._scripts.get("park")
+    keys = [*redis_.keys.store_keys(), redis_.keys.stats, redis_.keys.events, redis_.keys.metrics, redis_.keys.expiries,
+            redis_.keys.trends, redis_.keys.due_wake]
     minute = int(time.time() // 60)   # park.lua's trends bucket
     due = to_ms(time.time() - 1)
     expiry = to_ms(time.time() + 86400) if expires else ""
     for start in range(0, n, PARK_CHUNK):
-        pipe = dlq.client.pipeline(transaction=False)
+        pipe = dlq.redis().client.pipeline(transaction=False)
         for i in range(start, min(n, start + PARK_CHUNK)):
             script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, "", "", expiry, minute],
                    client=pipe)
@@ -111,13 +112,13 @@ def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = T
     conf = {} if archive else {"dlq_events_max_length": 0}
     apps = [make_app(url, "b4lib", **conf) for _ in range(movers)]
     runtimes = [runtime_of(app) for app in apps]
-    assert all(runtime.direct for runtime in runtimes)
+    assert all(runtime.config.direct for runtime in runtimes)
     client = redis.Redis.from_url(url)
     client.flushdb()
     park_all(runtimes[0], n, payload, expires)
-    threads = [MoverThread(app, runtime) for app, runtime in zip(apps, runtimes)]
+    threads = [MoverThread(app, runtime.config, runtime.redis()) for app, runtime in zip(apps, runtimes)]
     for runtime in runtimes:
-        runtime.store.count()   # connect before the clock starts
+        runtime.redis().store.count()   # connect before the clock starts
 
     def drain(mover):
         while mover.move_due():
@@ -154,7 +155,7 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
     client.flushdb()
     park_all(dlq, n, payload)
     move = client.register_script(RAW_MOVE)
-    keys = [dlq.keys.schedule, dlq.keys.payloads, QUEUE]
+    keys = [dlq.redis().keys.schedule, dlq.redis().keys.payloads, QUEUE]
     t0 = time.perf_counter()
     while move(keys=keys, args=[to_ms(time.time()), BATCH]) == BATCH:
         pass

@@ -62,7 +62,7 @@ def park_all(broker: str, store: str, n: int) -> int:
         envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
                             content_encoding=msg["content-encoding"], headers=dict(msg["headers"], id=task_id),
                             properties={"correlation_id": task_id}, exchange="", routing_key=QUEUE, queue=QUEUE)
-        assert runtime.shard(task_id).store.park(f"{task_id}:2", envelope.dumps(), QUEUE, due, task="bench.noop")
+        assert runtime.redis().shard(task_id).store.park(f"{task_id}:2", envelope.dumps(), QUEUE, due, task="bench.noop")
     size = len(envelope.dumps())
     client.close()
     app.close()
@@ -75,8 +75,8 @@ def _mover(broker: str, store: str, ready: Any, go: Any, spent: Any) -> None:
 
     app = make_app(broker, store)
     runtime = runtime_of(app)
-    mover = MoverThread(app, runtime)
-    runtime.sharded.all          # connect and read the layout before the clock starts
+    mover = MoverThread(app, runtime.config, runtime.redis())
+    runtime.redis().sharded.all          # connect and read the layout before the clock starts
     with app.producer_or_acquire():
         pass
     ready.release()

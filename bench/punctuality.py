@@ -46,11 +46,12 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
 
     direct = DirectPayload.loads(payload)
     doc = json.loads(direct.element)
-    script = dlq.store._scripts.get("park")
-    keys = [*dlq.keys.store_keys(), dlq.keys.stats, dlq.keys.events, dlq.keys.metrics, dlq.keys.expiries,
-            dlq.keys.trends, dlq.keys.due_wake]
+    redis_ = dlq.redis()
+    script = redis_.store._scripts.get("park")
+    keys = [*redis_.keys.store_keys(), redis_.keys.stats, redis_.keys.events, redis_.keys.metrics, redis_.keys.expiries,
+            redis_.keys.trends, redis_.keys.due_wake]
     minute = int(time.time() // 60)   # park.lua's trends bucket
-    pipe = dlq.client.pipeline(transaction=False)
+    pipe = dlq.redis().client.pipeline(transaction=False)
     for i in range(n):
         due = start + i / RATE
         doc["headers"]["bench-due"] = due
@@ -95,8 +96,7 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
                              conf=json.dumps({"dlq_mover_interval": INTERVAL})).wait_ready(client)
     else:
         move = client.register_script(RAW_MOVE)
-        dlq.store  # connects, and so defines dlq.keys
-        keys = [dlq.keys.schedule, dlq.keys.payloads, QUEUE]
+        keys = [dlq.redis().keys.schedule, dlq.redis().keys.payloads, QUEUE]
 
         def raw_mover() -> None:
             while not stop.wait(INTERVAL):

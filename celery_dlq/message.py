@@ -12,8 +12,7 @@
 * :func:`queue_of` and :func:`was_redelivered` read a consumed message's
   delivery info.
 
-Nothing here deserializes a body: callers decide what ``accept_content``
-allows and pass the decoded document in.
+Only :func:`with_arguments` deserializes a body, as its caller's ``accept_content`` allows.
 """
 from __future__ import annotations
 
@@ -26,6 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from celery.utils.saferepr import saferepr
+from kombu.compression import compress
+from kombu.serialization import dumps as encode_body
+from kombu.serialization import loads as decode_body
+from kombu.serialization import prepare_accept_content, registry
 from kombu.utils import json
 
 from celery_dlq import headers as H
@@ -276,6 +280,27 @@ def with_task_arguments(body: Any, args: list | tuple, kwargs: Mapping[str, Any]
     raise ValueError(f"not a Celery task body: a {type(body).__name__}")
 
 
+def with_arguments(envelope: Envelope, args: list, kwargs: dict, accept_content: Any) -> Envelope:
+    """The message with new task arguments, encoded as the original was (``self.retry(args=...)``).
+
+    The body is decoded only as ``accept_content`` (the app's) allows, and
+    encoded again with its serializer, so callbacks and chains in it stay; a
+    compressed one (kombu's ``compression`` header) is compressed again, and
+    Celery's ``argsrepr``/``kwargsrepr`` follow. Raises if either step fails.
+    """
+    decoded = decode_body(envelope.body, envelope.content_type, envelope.content_encoding,
+                          accept=prepare_accept_content(accept_content))
+    content_type, content_encoding, body = encode_body(with_task_arguments(decoded, args, kwargs),
+                                                       serializer=registry.type_to_name[envelope.content_type])
+    body, headers = body if isinstance(body, bytes) else body.encode(content_encoding), dict(envelope.headers)
+    if headers.get("compression"):
+        body, _ = compress(body, headers["compression"])
+    headers.update({name: saferepr(value) for name, value in (("argsrepr", args), ("kwargsrepr", kwargs))
+                    if name in headers})
+    return replace(envelope, body=body, content_type=content_type, content_encoding=content_encoding,
+                   headers=headers)
+
+
 #: JSON bodies larger than this are hashed as raw bytes (bounds the cost).
 MAX_PARSED_BODY = 1024 * 1024
 JSON_TYPES = ("application/json",)
@@ -296,9 +321,7 @@ def payload_hash(task_name: str | None, body: bytes, content_type: str | None = 
     """
     canonical = _json_arguments(body, content_type, content_encoding)
     digest = hashlib.sha256()
-    digest.update(b"json\0" if canonical is not None else b"raw\0")
-    digest.update((task_name or "").encode("utf-8"))
-    digest.update(b"\0")
+    digest.update((b"json\0" if canonical is not None else b"raw\0") + (task_name or "").encode("utf-8") + b"\0")
     digest.update(canonical if canonical is not None else bytes(body or b""))
     return digest.hexdigest()[:32]
 

@@ -13,7 +13,7 @@ keys from expiring.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import states
@@ -57,10 +57,11 @@ class ChordMembers:
         chord member (Celery walks the chain to report it).
         """
         before = take_chord(request)
-        if before is None:
+        fields = chord_fields(before) if before is not None else None
+        if fields is None:
             return
         try:
-            self.ledger.dying(request.id, chord_fields(before)["group"])
+            self.ledger.dying(request.id, fields["group"])
         except RedisError:  # the task's own failure must stay what is raised; the dead letter's hold marks it
             logger.warning("celery-dlq: could not mark %s[%s] dying in its chord's waiting set", request.get("task"),
                            request.id, exc_info=True)
@@ -153,8 +154,8 @@ class ChordMembers:
         return parked
 
 
-def wrap_chord_unlock(app: Any, members: Any) -> None:
-    """Make the app's ``celery.chord_unlock`` park while a member of its chord waits (``members``: a runtime).
+def wrap_chord_unlock(app: Any, members: Callable[[], ChordMembers]) -> None:
+    """Make the app's ``celery.chord_unlock`` park while a member of its chord waits (``members``: this process's).
 
     The task's ``run`` is wrapped in place (Celery's own body runs when no
     member waits); done when the app is finalized, before a worker builds
@@ -166,7 +167,7 @@ def wrap_chord_unlock(app: Any, members: Any) -> None:
     original = task.run
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        if members.chords.park_unlock(task.request, args, kwargs):
+        if members().park_unlock(task.request, args, kwargs):
             return None
         return original(*args, **kwargs)
 

@@ -17,13 +17,14 @@ from typing import Any
 
 from celery_dlq import headers as H
 from celery_dlq.message import queue_of
-from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.config import Config
+from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.strategy import uncount_unstarted
 
 logger = logging.getLogger(__name__)
 
 
-def uncount_first(runtime: Runtime, original: Callable | None) -> Callable:
+def uncount_first(config: Config, redis: Callable[[], Connections], original: Callable | None) -> Callable:
     """Wrap the consumer's ``on_close``, which forgets the reserved requests that never started.
 
     It runs when the consumer closes (warm shutdown, lost connection),
@@ -33,7 +34,7 @@ def uncount_first(runtime: Runtime, original: Callable | None) -> Callable:
 
     def on_close() -> Any:
         try:
-            uncount_unstarted(runtime)
+            uncount_unstarted(config, redis())
         except Exception:
             logger.exception("celery-dlq: could not take back the delivery counts of unstarted messages")
         return original() if original is not None else None
@@ -41,7 +42,8 @@ def uncount_first(runtime: Runtime, original: Callable | None) -> Callable:
     return on_close
 
 
-def dead_letter_first(runtime: Runtime, c: Any, original: Callable, reason: str, *, body_first: bool) -> Callable:
+def dead_letter_first(config: Config, redis: Callable[[], Connections], c: Any, original: Callable, reason: str, *,
+                      body_first: bool) -> Callable:
     """``original`` (a consumer discard callback), after the message is dead-lettered with ``reason``.
 
     ``body_first``: the callback takes ``(body, message, exc)``, else ``(message, exc)``.
@@ -51,7 +53,7 @@ def dead_letter_first(runtime: Runtime, c: Any, original: Callable, reason: str,
     def handler(*args: Any) -> Any:
         message = args[1] if body_first else args[0]
         exc = args[2] if body_first and len(args) > 2 else (args[1] if not body_first else None)
-        if not _dead_letter(runtime, c, message, reason, exc):
+        if not _dead_letter(config, redis, c, message, reason, exc):
             return None  # left unacknowledged: the broker will deliver it again
         return original(*args)
 
@@ -59,14 +61,15 @@ def dead_letter_first(runtime: Runtime, c: Any, original: Callable, reason: str,
     return handler
 
 
-def _dead_letter(runtime: Runtime, c: Any, message: Any, reason: str, exc: Any) -> bool:
+def _dead_letter(config: Config, redis: Callable[[], Connections], c: Any, message: Any, reason: str,
+                 exc: Any) -> bool:
     queue = queue_of(c.app, message.delivery_info)
     headers = message.headers if isinstance(message.headers, dict) else {}
     failure = H.describe_exception(exc, "") if exc is not None else \
         {"type": "", "message": f"message of unknown format on {queue!r}", "traceback": ""}
     try:
-        ctx = runtime.context(headers.get("task") or "unknown", message, headers)
-        runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
+        ctx = config.context(headers.get("task") or "unknown", message, headers)
+        redis().dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
                             failure=failure, worker=c.hostname)
     except Exception:
         logger.exception("celery-dlq: could not dead-letter a %s message from %r; "

@@ -76,7 +76,7 @@ def tracking_on(info: Any, redirect: int) -> bool:
     ``redirect`` is on and its redirect alive."""
     fields = dict(zip(info[::2], info[1::2])) if isinstance(info, list) else dict(info or {})
     flags = {bytes(flag) if isinstance(flag, (bytes, bytearray)) else str(flag).encode()
-             for flag in fields.get(b"flags", fields.get("flags", []))}
+             for flag in fields.get(b"flags", fields.get("flags")) or []}
     target = fields.get(b"redirect", fields.get("redirect"))
     return b"on" in flags and b"bcast" not in flags and b"broken_redirect" not in flags and target == redirect
 

@@ -25,7 +25,9 @@ from typing import Any
 
 from celery_dlq.internals.base import usable
 from celery_dlq.internals.kombu_redis import DIRECT_PARK
+from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.keys import Stat
+from celery_dlq.storage.shards import shards_of
 from celery_dlq.storage.store import add_moves
 
 #: The most due entries one fetch moves (a fetch happens per message taken: a few suffice).
@@ -44,14 +46,13 @@ class FetchMoves:
         return [LIMIT, self.events_max_length, int(now * 1_000_000), Stat.REDELIVERED]
 
 
-def fetch_moves(runtime: Any) -> FetchMoves | None:
-    """What ``runtime``'s worker fetches need to move due entries, or None where they must not (module docstring)."""
-    settings = runtime.settings
-    if not (settings.fetch_moves_due and runtime.direct and settings.store_shards == 1
+def fetch_moves(settings: DLQSettings, direct: bool) -> FetchMoves | None:
+    """What a worker's fetches need to move due entries, or None where they must not (module docstring);
+    ``direct``: the broker is the store (``Config.direct``)."""
+    if not (settings.fetch_moves_due and direct and settings.store_shards == 1
             and not settings.store_min_replicas and usable(DIRECT_PARK)):
         return None
-    home = runtime.sharded.home
-    return FetchMoves(tuple(home.keys.move_keys()), home.archive.max_length)
+    return FetchMoves(tuple(shards_of(settings).home.move_keys()), settings.events_max_length)
 
 
 class MoveTally:

@@ -4,10 +4,9 @@ One beat per ``dlq_heartbeat_interval`` (:class:`~celery_dlq.storage.lease.Mover
 one command for a worker without the lease). The holder moves due entries
 (:mod:`celery_dlq.worker.mover_turns`) and runs the fetch listener; the
 beat tells both through ``on_role``. It runs in its own thread so that a
-mover pass or a blocked wait never delays a renewal, and between beats it
-flushes what the worker counted (``between``); after each beat, ``each``
-writes this process's in-flight beat and, on the holder, sweeps. A stopping worker releases
-the lease, so another takes over at its next beat.
+mover pass or a blocked wait never delays a renewal; after each beat,
+``each`` writes this process's in-flight beat and, on the holder, sweeps. A
+stopping worker releases the lease, so another takes over at its next beat.
 """
 from __future__ import annotations
 
@@ -24,11 +23,10 @@ class Heartbeat(threading.Thread):
     """Beats until stopped; ``holder`` is set while this worker holds the mover lease."""
 
     def __init__(self, lease: MoverLease, on_role: Callable[[bool], object] = lambda holds: None,
-                 between: Callable[[], object] = lambda: None,
                  each: Callable[[bool], object] = lambda holds: None) -> None:
         """``each(holds)`` runs after every beat (the in-flight beat and sweep: ``worker/inflight.py``)."""
         super().__init__(name="celery-dlq-heartbeat", daemon=True)
-        self.lease, self.on_role, self.between, self.each = lease, on_role, between, each
+        self.lease, self.on_role, self.each = lease, on_role, each
         self.holder = threading.Event()
         self._stop_event = threading.Event()
 
@@ -53,7 +51,6 @@ class Heartbeat(threading.Thread):
         while not self._stop_event.is_set():
             self.each(self.beat())
             self._stop_event.wait(self.lease.interval)
-            self.between()
         try:
             self.lease.release()
         except Exception:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.worker.chords import wrap_chord_unlock
+from celery_dlq.worker.chords import ChordMembers, wrap_chord_unlock
 from celery_dlq.worker.runtime import Runtime, runtime_of
 from celery_dlq.worker.steps import bound_steps
 
@@ -24,15 +24,18 @@ def install(app: Any, validate: bool = True) -> Runtime:
         for step in bound_steps(runtime):
             app.steps["consumer"].add(step)
         # chord_unlock parks while a chord waits for a dead-lettered member (worker/chords.py)
+        def chords() -> ChordMembers:   # this process's
+            return runtime.redis().chords
+
         if app.finalized:
-            wrap_chord_unlock(app, runtime)
+            wrap_chord_unlock(app, chords)
         else:
-            app.on_after_finalize.connect(lambda sender, **_: wrap_chord_unlock(sender, runtime), weak=False)
+            app.on_after_finalize.connect(lambda sender, **_: wrap_chord_unlock(sender, chords), weak=False)
     if validate:
-        runtime.validate()
+        runtime.config.validate()
     return runtime
 
 
 def resolve_policy(app: Any, task_name: str, queue: str | None) -> RedeliveryPolicy:
     """The effective :class:`RedeliveryPolicy` of a task on a queue (cached per pair)."""
-    return install(app, validate=False).policy(task_name, queue)
+    return install(app, validate=False).config.policy(task_name, queue)

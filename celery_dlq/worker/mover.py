@@ -37,6 +37,8 @@ from celery_dlq.storage.lease import MoverLease
 from celery_dlq.storage.shards import Shard
 from celery_dlq.storage.store import DirectPayload
 from celery_dlq.storage.totals import Metric
+from celery_dlq.worker.config import Config
+from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.inflight import Beats
@@ -52,13 +54,12 @@ MAX_BACKOFF = 5.0
 class MoverThread(threading.Thread):
     """Claims due entries in batches and publishes them until stopped, when this worker's turn (``turns``)."""
 
-    def __init__(self, app: Any, runtime: Runtime, hostname: str = "") -> None:
+    def __init__(self, app: Any, config: Config, redis: Connections, hostname: str = "") -> None:
         super().__init__(name="celery-dlq-mover", daemon=True)
-        self.app = app
-        self.runtime = runtime
+        self.app, self.config, self.redis = app, config, redis
         #: The worker's name, written into the dead letters of messages that expired while parked.
         self.hostname = hostname
-        settings = runtime.settings
+        settings = config.settings
         self.interval = settings.mover_interval
         self.batch_size = settings.mover_batch_size
         self.lease = settings.claim_lease
@@ -66,11 +67,11 @@ class MoverThread(threading.Thread):
         self._turn = -1
         ident = f"{socket.gethostname()}:{os.getpid()}:{uuid()[:8]}"
         blocking = blocking_client(settings.redis_url, MAX_BLOCK, settings.redis_cluster) \
-            if len(runtime.sharded.all) == 1 else None   # with several shards the holder never blocks
-        lease = MoverLease(runtime.client, runtime.sharded.home.keys, ident, settings.mover_lease,
+            if len(self.redis.sharded.all) == 1 else None   # with several shards the holder never blocks
+        lease = MoverLease(self.redis.client, self.redis.sharded.home.keys, ident, settings.mover_lease,
                            settings.heartbeat_interval, blocking)
-        self.beats = in_flight_beats(runtime)
-        self.heartbeat = Heartbeat(lease, on_role=self._on_role, between=self._flush_counters,
+        self.beats = in_flight_beats(config, self.redis)
+        self.heartbeat = Heartbeat(lease, on_role=self._on_role,
                                    each=self.beats.tick if self.beats is not None else lambda holds: None)
         self.turns = MoverTurns(lease, self._stop_event, self.interval, self.heartbeat.holder)
         self.listener: FetchListener | None = None
@@ -84,11 +85,11 @@ class MoverThread(threading.Thread):
         if self.listener is not None:
             self.listener.stop()
             self.listener = None
-        if holds and self.runtime.settings.fetch_listener and uses_fetch(self.app):
+        if holds and self.config.settings.fetch_listener and uses_fetch(self.app):
             url = broker_url(self.app.conf)
-            lists = self.runtime.lists
+            lists = self.config.lists
             self.listener = FetchListener(lambda: listener_client(url),
-                                          Keys(self.runtime.settings.key_prefix, lists.global_keyprefix), lists)
+                                          Keys(self.config.settings.key_prefix, lists.global_keyprefix), lists)
             self.listener.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -109,9 +110,10 @@ class MoverThread(threading.Thread):
         message's lateness is about a pass's own time; everyone else waits
         its turn. After a Redis error the wait backs off. On a warm stop the
         heartbeat gives the lease up, so another worker takes over at its next beat.
+        Moving is all it does: counters are flushed by their own bootstep.
         """
         wait = 0.0
-        turns = self.turns
+        turns, sharded = self.turns, self.redis.sharded
         while not self._stop_event.is_set():
             try:
                 if not turns.take_turn():
@@ -119,25 +121,20 @@ class MoverThread(threading.Thread):
                 if turns.due():
                     started = time.monotonic()
                     self.move_due()
-                    self.runtime.counters.flush()
-                    self.runtime.fetch_moved.flush(self.runtime.store)
                     turns.passed(started)
-                turns.wait_for_due(self.runtime.sharded.next_due, len(self.runtime.sharded.all) == 1)
+                turns.wait_for_due(sharded.next_due, len(sharded.all) == 1)
                 wait = 0.0
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))
                 turns.passed(time.monotonic())
                 logger.exception("celery-dlq mover: failed against redis %s; retrying in %.1fs",
-                                 self.runtime.settings.safe_redis_url, wait)
+                                 self.config.settings.safe_redis_url, wait)
                 self._stop_event.wait(wait)
-
-    def _flush_counters(self) -> None:
-        flush_counts(self.runtime)
 
     def move_due(self) -> int:
         """Move every due entry now, a batch per round trip; returns how many were moved or published.
 
-        On a Redis broker that is also the store (``Runtime.direct``) due
+        On a Redis broker that is also the store (``Config.direct``) due
         entries move inside Redis, one script per batch (``lua/move_due.lua``);
         entries in the publish format (parked before an upgrade) are then
         claimed and published as on any other broker.
@@ -147,7 +144,7 @@ class MoverThread(threading.Thread):
         shard that fails (its master down) does not stop the others: the
         first error is raised once every shard has had its turn.
         """
-        shards = self.runtime.sharded.all
+        shards = self.redis.sharded.all
         self._turn = (self._turn + 1) % len(shards)
         moved, error = 0, None
         for shard in shards[self._turn:] + shards[:self._turn]:
@@ -162,14 +159,14 @@ class MoverThread(threading.Thread):
         return moved
 
     def _move_shard(self, shard: Shard) -> int:
-        moved, left = self._move_inside_redis(shard) if self.runtime.direct else (0, 1)
+        moved, left = self._move_inside_redis(shard) if self.config.direct else (0, 1)
         return moved + (self._claim_and_publish(shard) if left else 0)
 
     def _move_inside_redis(self, shard: Shard) -> tuple[int, int]:
         """Move every due entry of the shard inside Redis, a script per batch; ``redelivered_total`` is
         written once for the pass (the ``stats`` counter and the events are in each batch's script)."""
         store, batch = shard.store, self.batch_size
-        lists = [key for queue in store.counts_by_queue() for key in self.runtime.lists.keys(queue)]
+        lists = [key for queue in store.counts_by_queue() for key in self.config.lists.keys(queue)]
         moved = left = 0
         tally: Counter[tuple[str, str]] = Counter()
         try:
@@ -264,14 +261,14 @@ class MoverThread(threading.Thread):
         dead-letter it twice. The result backend gets what Celery records for
         a message it discards as expired (:meth:`_record_revoked`).
         """
-        runtime, done = self.runtime, []
+        done = []
         try:
             for entry, envelope in expired:
                 headers = envelope.headers
-                runtime.dead_letter(replace(envelope, delivery_tag=entry.entry_id),
-                                    delivery=max(1, H.delivery_count_of(headers) - 1),
-                                    policy=runtime.policy(envelope.task_name or "", envelope.queue),
-                                    reason=Reason.EXPIRED, failure=H.last_failure(headers), worker=self.hostname)
+                self.redis.dead_letter(replace(envelope, delivery_tag=entry.entry_id),
+                                       delivery=max(1, H.delivery_count_of(headers) - 1),
+                                       policy=self.config.policy(envelope.task_name or "", envelope.queue),
+                                       reason=Reason.EXPIRED, failure=H.last_failure(headers), worker=self.hostname)
                 done.append(entry)
                 self._record_revoked(envelope)
         except Exception:
@@ -308,7 +305,7 @@ class MoverThread(threading.Thread):
         """``redelivered_total`` per queue and task for what the publish path moved (never raises)."""
         try:
             counts = Counter((envelope.queue, envelope.task_name or "") for envelope in published)
-            pipe = self.runtime.client.pipeline(transaction=False)
+            pipe = self.redis.client.pipeline(transaction=False)
             per_queue: Counter = Counter()
             for (queue, task), n in counts.items():
                 totals.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
@@ -326,32 +323,19 @@ class MoverThread(threading.Thread):
         if direct is None:
             envelope.publish(producer)
             return False
-        self.runtime.broker.lpush(direct.dest, direct.element)
+        self.redis.broker.lpush(direct.dest, direct.element)
         return True
 
 
-def in_flight_beats(runtime: Runtime) -> Beats | None:
+def in_flight_beats(config: Config, redis: Connections) -> Beats | None:
     """This worker's in-flight beats and sweeps, on a Redis broker: a worker fetching with kombu's own
     transport holds the mover lease as often as any, and must sweep too."""
     try:
-        broker = runtime.broker
+        broker = redis.broker
     except BrokerNotSupported:
         return None
-    keys = Keys(runtime.settings.key_prefix, runtime.lists.global_keyprefix)
-    return Beats(InFlight(broker, keys), runtime.settings.inflight_lease)
-
-
-def flush_counts(runtime: Runtime) -> None:
-    """Delete the delivery counters of acknowledged messages and count the fetches' moves (never raises;
-    counters of tasks finishing later expire with their TTL)."""
-    try:
-        runtime.counters.flush()
-    except Exception:
-        logger.exception("celery-dlq mover: could not delete the counters of acknowledged messages")
-    try:
-        runtime.fetch_moved.flush(runtime.store)
-    except Exception:
-        logger.exception("celery-dlq mover: could not count the messages this worker's fetches redelivered")
+    keys = Keys(config.settings.key_prefix, config.lists.global_keyprefix)
+    return Beats(InFlight(broker, keys), config.settings.inflight_lease)
 
 
 def _envelope_of(payload: bytes) -> Envelope:
@@ -375,7 +359,8 @@ def _batch(producer: Any, size: int) -> Any:
 
 
 class Mover(bootsteps.StartStopStep):
-    """Consumer bootstep: one mover thread per worker (``runtime`` set by ``steps.bound_steps``)."""
+    """Consumer bootstep: one mover thread per worker (``runtime`` set by ``steps.bound_steps``), given its
+    config and connections."""
 
     requires = ("celery.worker.consumer.connection:Connection",)
     runtime: Runtime
@@ -385,16 +370,16 @@ class Mover(bootsteps.StartStopStep):
         super().__init__(c, **kwargs)
 
     def start(self, c: Any) -> None:
-        self.thread = MoverThread(c.app, self.runtime, getattr(c, "hostname", "") or "")
+        config = self.runtime.config
+        self.thread = MoverThread(c.app, config, self.runtime.redis(), getattr(c, "hostname", "") or "")
         self.thread.start()
         logger.info("celery-dlq mover: moving due messages from redis %s when this worker holds the mover "
                     "lease (one worker at a time; another takes over within %.1fs)",
-                    self.runtime.settings.safe_redis_url, self.runtime.settings.mover_lease)
+                    config.settings.safe_redis_url, config.settings.mover_lease)
 
     def stop(self, c: Any) -> None:
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
-        flush_counts(self.runtime)   # what was acknowledged or moved since the last tick
 
     shutdown = stop

@@ -48,8 +48,8 @@ class MoverTurns:
         self.fresh = False         # whether ``soonest`` still holds (no pass, no wake-up since)
         self.passed_at = 0.0       # monotonic: when the last pass started
         self.looked_at = 0.0       # monotonic: when ``soonest`` was read
-        self._lock = threading.Lock()
-        self._blocking = False     # the holder blocks on the marker (a stopping worker then writes it)
+        #: Set while the holder blocks on the marker (or is about to): a stopping worker then writes it.
+        self._blocking = threading.Event()
 
     def take_turn(self) -> bool:
         """True when this worker holds the lease; else wait a slice for it (no command), False."""
@@ -86,20 +86,19 @@ class MoverTurns:
             if wait <= EARLY:
                 self.stop.wait(wait)
                 continue
-            with self._lock:
-                self._blocking = True
+            # Flag first, then look at ``stop``; the stopper sets ``stop``, then looks at the flag. Whatever the
+            # interleaving, either this thread sees the stop or the stopper sees the flag and writes the marker
+            # (which a BZPOPMIN not yet sent still finds).
+            self._blocking.set()
             try:
-                if self.stop.is_set():   # a stop between the check above and the flag: it wrote no marker
+                if self.stop.is_set():
                     return
                 if self.lease.wait_for_due(min(wait - EARLY, MAX_BLOCK)):
                     self.fresh = False
             finally:
-                with self._lock:
-                    self._blocking = False
+                self._blocking.clear()
 
     def stop_waiting(self) -> None:
         """End a blocking wait of this thread (called from the stopping thread, after it set ``stop``)."""
-        with self._lock:
-            blocking = self._blocking
-        if blocking:
+        if self._blocking.is_set():
             self.lease.wake()

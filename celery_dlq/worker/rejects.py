@@ -20,20 +20,12 @@ from celery_dlq.message import decode_raw
 from celery_dlq.storage import totals
 from celery_dlq.storage.keys import Stat
 from celery_dlq.storage.totals import Metric
-from celery_dlq.worker.runtime import runtime_by_ident
 
 logger = logging.getLogger(__name__)
 
 
-def _dead_letter_queue(channel: Any, queue: str) -> str | None:
-    runtime = runtime_by_ident(channel._dlq_runtime_ident)
-    if runtime is None:
-        return f"DLQ.{queue}"
-    return runtime.settings.policy_for("", queue).dead_letter_queue(queue)
-
-
 def _letter(channel: Any, queue: str, element: bytes, error: str) -> tuple[str | None, bytes | None]:
-    dlq = _dead_letter_queue(channel, queue)
+    dlq = channel.fetch_context.policy(queue).dead_letter_queue(queue)
     if dlq is None:
         return None, None
     return dlq, raw_dead_letter(element, queue=queue, dlq=dlq, error=error, worker=channel._dlq_consumer,
@@ -80,13 +72,13 @@ def _dead_lettered(channel: Any, letter: bytes, queue: str, dlq: str, error: str
     """One WARNING per invalid message dead-lettered, counted and archived."""
     logger.warning("celery-dlq: dead-lettered an invalid message from %r to %s (invalid_message): %s",
                    queue, dlq, error)
-    runtime = runtime_by_ident(channel._dlq_runtime_ident)
-    if runtime is None:
+    connections = channel.fetch_context.redis
+    if connections is None:
         return
     try:
         envelope = decode_raw(letter).as_envelope()
-        shard = runtime.shard(envelope.task_id)
-        pipe = runtime.client.pipeline(transaction=False)
+        shard = connections().shard(envelope.task_id)
+        pipe = connections().client.pipeline(transaction=False)
         pipe.hincrby(shard.keys.stats, Stat.DEAD_LETTERED, 1)
         totals.incr(pipe, shard.keys, Metric.DEAD_LETTERED, queue=envelope.queue, task="",
                      reason=Reason.INVALID_MESSAGE)

@@ -32,9 +32,10 @@ from celery_dlq.internals.celery_worker import (
     revoked_expired,
     was_revoked_or_cancelled,
 )
-from celery_dlq.message import instance_of, was_redelivered
+from celery_dlq.message import instance_of, was_redelivered, with_arguments
 from celery_dlq.storage.chords import take_chord
-from celery_dlq.worker.runtime import MessageContext, runtime_of
+from celery_dlq.worker.config import MessageContext
+from celery_dlq.worker.runtime import runtime_of
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
 
@@ -135,7 +136,7 @@ class RedeliveryRequest(Request):
                 and self._dlq_context().delivery > 1:
             ctx = self._dlq_context()
             try:
-                runtime_of(self.app).dead_letter(
+                runtime_of(self.app).redis().dead_letter(
                     ctx.envelope, delivery=ctx.delivery - 1, policy=ctx.policy, reason=Reason.EXPIRED,
                     failure=H.last_failure(ctx.envelope.headers), worker=self.hostname)
             except Exception:
@@ -144,7 +145,7 @@ class RedeliveryRequest(Request):
         return super()._announce_revoked(*args, **kwargs)
 
     def acknowledge(self):
-        """Acknowledge, then let the message's persisted delivery counter go (see ``DLQ.forget_delivery``)."""
+        """Acknowledge, then let the message's persisted delivery counter go (``DeliveryCounters.forget``)."""
         was_acknowledged = self.acknowledged
         super().acknowledge()
         if was_acknowledged or not self.acknowledged:
@@ -153,7 +154,7 @@ class RedeliveryRequest(Request):
             message = self.message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
             if was_redelivered(message) and self._dlq_context().policy.persist_delivery_count_before_delivery:
-                runtime_of(self.app).counters.forget(self.id, instance_of(message))
+                runtime_of(self.app).redis().counters.forget(self.id, instance_of(message))
         except Exception:  # the counter expires on its own; never fail an ack for it
             logger.debug("celery-dlq: could not queue the delivery counter of %s for deletion", self.id,
                          exc_info=True)
@@ -176,13 +177,13 @@ class RedeliveryRequest(Request):
         envelope, arguments = ctx.envelope, getattr(exc, "arguments", None)
         if arguments is not None:  # self.retry(args=..., kwargs=...)
             try:
-                envelope = runtime_of(self.app).with_arguments(envelope, *arguments)
+                envelope = with_arguments(envelope, *arguments, self.app.conf.accept_content)
             except Exception as error:
                 return self._dlq_bad_arguments(error, exc_info, send_failed_event, return_ok)
         try:
-            runtime_of(self.app).redeliver_later(envelope, delivery=ctx.delivery, failure=exc.failure,
-                                                 delay=exc.when or 0.0, message=ctx.message,
-                                                 new_body=arguments is not None)
+            runtime_of(self.app).parking.redeliver_later(envelope, delivery=ctx.delivery, failure=exc.failure,
+                                                         delay=exc.when or 0.0, message=ctx.message,
+                                                         new_body=arguments is not None)
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
@@ -233,7 +234,7 @@ class RedeliveryRequest(Request):
         ctx = self._dlq_context()
         dlq, _, delivery = self._dlq_letter
         try:
-            runtime_of(self.app).chords.dead_lettered(request, headers=ctx.envelope.headers, dlq=dlq,
+            runtime_of(self.app).redis().chords.dead_lettered(request, headers=ctx.envelope.headers, dlq=dlq,
                                                       delivery=delivery, failure=failure, policy=ctx.policy)
         except Exception:
             logger.exception("celery-dlq: %s[%s] is dead-lettered, but its chord %s could not be told; "
@@ -276,12 +277,12 @@ class RedeliveryRequest(Request):
             if lost and ctx.policy.attempts_left(ctx.delivery):
                 delay = ctx.policy.delay_after(ctx.delivery)
                 if not H.expires_before(ctx.envelope.headers, time.time() + delay):
-                    runtime.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
+                    runtime.parking.redeliver_later(ctx.envelope, delivery=ctx.delivery, failure=failure,
                                             delay=delay, message=ctx.message)
                     return "parked"
                 reason = Reason.EXPIRED
-            dlq = runtime.dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy, reason=reason,
-                                      failure=failure, worker=self.hostname)
+            dlq = runtime.redis().dead_letter(ctx.envelope, delivery=ctx.delivery, policy=ctx.policy,
+                                              reason=reason, failure=failure, worker=self.hostname)
             self._dlq_letter = (dlq, reason, ctx.delivery)
             return "dead_lettered"
         except Exception:
@@ -309,10 +310,10 @@ class RedeliveryRequest(Request):
         runtime = runtime_of(self.app)
         attempt = self._dlq_write_attempts = self._dlq_write_attempts + 1
         delay = min(WRITE_RETRY_MAX, WRITE_RETRY_FIRST * 2 ** (attempt - 1))
-        timer = runtime.timer
+        timer = runtime.consumer.timer
         logger.exception("celery-dlq: could not %s %s[%s] (redis %s); leaving the message "
                          "unacknowledged, %s", what, self.name, self.id,
-                         runtime.settings.safe_redis_url,
+                         runtime.config.settings.safe_redis_url,
                          f"trying again in {delay:.0f}s" if timer is not None else "for the broker to deliver again")
         task_ready(self)
         if timer is not None:
@@ -357,7 +358,7 @@ class RedeliveryRequest(Request):
         if not ctx.policy.persist_delivery_count_before_delivery:
             return
         try:
-            runtime_of(self.app).counters.uncount([(self.id, instance_of(self.message), ctx.delivery)])
+            runtime_of(self.app).redis().counters.uncount([(self.id, instance_of(self.message), ctx.delivery)])
         except Exception:  # at worst the requeued delivery counts as a new one: never lost
             logger.warning("celery-dlq: %s[%s] requeued itself, but its delivery count could not be taken back",
                            self.task.name, self.id, exc_info=True)
@@ -366,5 +367,5 @@ class RedeliveryRequest(Request):
         """This message's queue, policy, delivery and envelope: resolved once per request."""
         ctx = self.__dict__.get("_dlq_ctx")
         if ctx is None:
-            ctx = self._dlq_ctx = runtime_of(self.app).context(self.task, self.message, self.request_dict)
+            ctx = self._dlq_ctx = runtime_of(self.app).config.context(self.task, self.message, self.request_dict)
         return ctx

@@ -40,7 +40,9 @@ from celery_dlq.headers import Reason
 from celery_dlq.internals.celery_worker import request_context
 from celery_dlq.message import instance_of, was_redelivered
 from celery_dlq.storage.chords import take_chord
-from celery_dlq.worker.runtime import MessageContext, Runtime, is_managed, runtime_of
+from celery_dlq.worker.config import Config, MessageContext, is_managed
+from celery_dlq.worker.connections import Connections
+from celery_dlq.worker.runtime import runtime_of
 
 logger = logging.getLogger(__name__)
 
@@ -54,20 +56,19 @@ def strategy(task, app, consumer, **kwargs):
     """
     handler = default_strategy(task, app, consumer, **kwargs)
     runtime = runtime_of(app)
-    runtime.timer = getattr(consumer, "timer", None)
-    runtime.events.consumer = consumer
+    config, redis = runtime.config, runtime.redis
     hostname = consumer.hostname
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
         headers = message.headers
         if isinstance(headers, dict):
-            ctx = runtime.context(task, message)
+            ctx = config.context(task, message)
             problem = _invalid(headers, ctx.policy.max_delivery_attempts)
             if problem:
-                _dead_letter_invalid(runtime, task, message, ctx, hostname, problem)
+                _dead_letter_invalid(redis(), task, message, ctx, hostname, problem)
                 return None
             if not _waits_for_eta(headers) and ctx.policy.persist_delivery_count_before_delivery:
-                if _count_or_dead_letter(runtime, task, message, ctx, hostname):
+                if _count_or_dead_letter(redis(), task, message, ctx, hostname):
                     return None
         return handler(message, body, ack, reject, callbacks, **kw)
 
@@ -81,12 +82,12 @@ def _invalid(headers: dict, max_delivery_attempts: int) -> str | None:
     return H.delivery_count_problem(headers, max_delivery_attempts)
 
 
-def _dead_letter_invalid(runtime: Runtime, task, message, ctx: MessageContext, hostname, problem: str) -> None:
+def _dead_letter_invalid(redis: Connections, task, message, ctx: MessageContext, hostname, problem: str) -> None:
     """Dead-letter a message Celery must not run (``invalid_message``), or leave it unacknowledged if that fails."""
     failure = {"type": "celery_dlq.errors.InvalidMessage", "message": problem, "traceback": ""}
     try:
-        runtime.dead_letter(ctx.envelope, delivery=1, policy=ctx.policy, reason=Reason.INVALID_MESSAGE,
-                            failure=failure, worker=hostname)
+        redis.dead_letter(ctx.envelope, delivery=1, policy=ctx.policy, reason=Reason.INVALID_MESSAGE,
+                          failure=failure, worker=hostname)
     except Exception:
         logger.exception("celery-dlq: could not dead-letter an invalid %s message; leaving it unacknowledged",
                          task.name)
@@ -112,7 +113,7 @@ def _waits_for_eta(headers: dict) -> bool:
     return when > datetime.now(timezone.utc)
 
 
-def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, hostname) -> bool:
+def _count_or_dead_letter(redis: Connections, task, message, ctx: MessageContext, hostname) -> bool:
     """Persist this delivery; True when the message was dead-lettered instead of run."""
     headers = message.headers
     floor = ctx.delivery
@@ -120,7 +121,7 @@ def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, 
     count = floor
     if was_redelivered(message):
         try:
-            count = runtime.counters.count(headers["id"], tag, floor)
+            count = redis.counters.count(headers["id"], tag, floor)
         except Exception:
             # It was delivered before: never grant it an extra attempt. A quorum
             # queue says how often (x-delivery-count); otherwise at least once.
@@ -133,16 +134,16 @@ def _count_or_dead_letter(runtime: Runtime, task, message, ctx: MessageContext, 
     text = f"delivery {count - 1} never reported an outcome (the worker was lost)"
     failure = {"type": "billiard.exceptions.WorkerLostError", "message": text, "traceback": ""}
     try:
-        dlq = runtime.dead_letter(ctx.envelope, delivery=count - 1, policy=ctx.policy,
-                                  reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
+        dlq = redis.dead_letter(ctx.envelope, delivery=count - 1, policy=ctx.policy,
+                                reason=Reason.WORKER_LOST, failure=failure, worker=hostname)
     except Exception:
         logger.exception("celery-dlq: could not dead-letter %s[%s]; leaving it unacknowledged",
                          headers.get("task"), headers.get("id"))
         return True
-    _mark_failed(task, message, hostname, WorkerLostError(text), tell_chord=lambda fields: runtime.chords.dead_lettered(
+    _mark_failed(task, message, hostname, WorkerLostError(text), tell_chord=lambda fields: redis.chords.dead_lettered(
         fields, headers=headers, dlq=dlq, delivery=count - 1, failure=failure, policy=ctx.policy))
     message.ack()
-    runtime.counters.forget(headers["id"], tag)
+    redis.counters.forget(headers["id"], tag)
     return True
 
 
@@ -162,7 +163,7 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException,
         context = request_context(request)
         told = take_chord(context) if tell_chord is not None else None
         task.backend.mark_as_failure(request.id, exc, request=context, store_result=request.store_errors)
-        if told is not None:
+        if told is not None and tell_chord is not None:
             tell_chord(told)
         signals.task_failure.send(sender=task, task_id=request.id, exception=exc, args=request.args,
                                   kwargs=request.kwargs, traceback=None, einfo=None)
@@ -171,7 +172,7 @@ def _mark_failed(task: Any, message: Any, hostname: str, exc: BaseException,
                          task.name, (message.headers or {}).get("id"))
 
 
-def uncount_unstarted(runtime: Runtime) -> int:
+def uncount_unstarted(config: Config, redis: Connections) -> int:
     """Take back the count of every reserved request that never started; returns how many.
 
     Called from the consumer's ``on_close``, just before it forgets these
@@ -186,13 +187,13 @@ def uncount_unstarted(runtime: Runtime) -> int:
     keys = []
     for req in unstarted:
         try:
-            ctx = runtime.context(req.task, req.message)
+            ctx = config.context(req.task, req.message)
             if ctx.policy.persist_delivery_count_before_delivery and not _waits_for_eta(req.message.headers or {}):
                 keys.append((req.id, instance_of(req.message), ctx.delivery))
         except Exception:
             logger.debug("celery-dlq: skipping %s when un-counting", req.id, exc_info=True)
     if keys:
-        runtime.counters.uncount(keys)
+        redis.counters.uncount(keys)
         logger.info("celery-dlq: %d reserved message(s) never started; their delivery counts were "
                     "taken back", len(keys))
     return len(keys)

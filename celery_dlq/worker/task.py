@@ -75,7 +75,7 @@ def retry_arguments(run: Any, old_args: Any, old_kwargs: Any, args: Any, kwargs:
             except TypeError:
                 bound = None
             if bound is not None:
-                kwargs = dict(kwargs)
+                kwargs = dict(kwargs or {})
                 for name in list(kwargs):
                     if name in bound.arguments and \
                             signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
@@ -101,7 +101,7 @@ class RedeliveryTask(Task):
     acks_on_timeout = True
     reject_on_worker_lost = False
     redelivery_policy: Any = None
-    #: What the worker side checks (``runtime.is_managed``) without importing this class.
+    #: What the worker side checks (``config.is_managed``) without importing this class.
     celery_dlq_managed = True
 
     @classmethod
@@ -117,19 +117,19 @@ class RedeliveryTask(Task):
         except (Retry, Ignore, Reject):
             raise  # the task's own say (retry, replace(), reject): never a failed delivery
         except MessageExpired:
-            runtime_of(self.app).chords.withhold(request)  # a retry past expiry: the last failure, dead-lettered
+            runtime_of(self.app).redis().chords.withhold(request)  # a retry past expiry: the last failure
             raise
         except Exception as exc:
             delay = None if exc is getattr(request, EXPIRED_RETRY, None) else self._redelivery_delay(exc)
             if delay is None:
                 # The last failure: the worker dead-letters the message, then tells a chord (worker/chords.py).
-                runtime_of(self.app).chords.withhold(request)
+                runtime_of(self.app).redis().chords.withhold(request)
                 raise
             # No traceback: a parked copy keeps "Type: message" only, and the
             # pool would pickle a formatted traceback across for nothing.
             raise Redeliver(exc=exc, when=delay, failure=H.describe_exception(exc, "")) from exc
         if request.chord:
-            runtime_of(self.app).chords.before_success(request)
+            runtime_of(self.app).redis().chords.before_success(request)
         return retval
 
     def after_return(self, status, retval, task_id, args, kwargs, einfo):
@@ -137,12 +137,12 @@ class RedeliveryTask(Task):
         request = self.request
         if status == states.SUCCESS and request.chord \
                 and not (request.called_directly or request.is_eager):
-            runtime_of(self.app).chords.after_success(request)
+            runtime_of(self.app).redis().chords.after_success(request)
 
     def _policy_and_delivery(self):
         request = self.request
         queue = queue_of(self.app, request.delivery_info)
-        return runtime_of(self.app).policy(self, queue), delivery_count(request)
+        return runtime_of(self.app).config.policy(self, queue), delivery_count(request)
 
     def _redelivery_delay(self, exc: BaseException) -> float | None:
         """Seconds until the next delivery, or None when this failure is the last.

@@ -44,15 +44,15 @@ def failed_exception(exception: str, dlq: str | None, reason: str, delivery: int
 class TaskEvents:
     """Sends celery-dlq's task events through a worker consumer's event dispatcher.
 
-    ``consumer`` is set by the task strategy (once per consumer start); the
-    dispatcher is read from it at each send, since the consumer makes a new
-    one whenever it reconnects. Until then (a process that is not a worker)
+    ``consumer`` (a :class:`~celery_dlq.worker.consumer_link.ConsumerLink`)
+    gives the dispatcher at each send, since the consumer makes a new one
+    whenever it reconnects. Without one (a process that is not a worker)
     nothing is sent.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, consumer: Any = None) -> None:
         self.app = app
-        self.consumer: Any = None
+        self.consumer = consumer
 
     def dead_lettered(self, task_id: str | None, task_name: str | None, *, dlq: str | None, queue: str,
                       reason: str, delivery: int, exception_type: str) -> None:

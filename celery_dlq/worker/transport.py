@@ -47,15 +47,13 @@ changes the fetch only (publishing and everything else are kombu's):
   closed while Redis was down) are given back to their queues when the next
   channel starts, and so are those of earlier runs of this worker on this
   host whose process is gone: a restart waits for no lease.
-* **Close never crashes.** kombu's restore of unacked messages at close can
-  raise on a broken connection (``_connparams`` on a released connection);
-  here it is logged, and the messages stay recorded for the recovery above.
+* **Close never crashes.** kombu's restore of unacked messages at close can raise on a broken
+  connection (``_connparams`` on a released one): logged, they stay recorded for the recovery above.
 """
 from __future__ import annotations
 
 import logging
 import time
-from functools import cached_property
 from typing import Any
 
 import redis
@@ -83,7 +81,6 @@ from celery_dlq.storage.inflight import InFlight
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts, script_source
 from celery_dlq.worker import inflight as process
-from celery_dlq.worker.fetch_moves import FetchMoves
 from celery_dlq.worker.fetch_wait import (
     FALLBACK,
     FETCH,
@@ -96,17 +93,9 @@ from celery_dlq.worker.fetch_wait import (
     wait_text,
 )
 from celery_dlq.worker.rejects import reject, release_quarantine
-from celery_dlq.worker.runtime import runtime_by_ident
-from celery_dlq.worker.transport_setup import (
-    OPTION_INFLIGHT,
-    OPTION_LISTENER,
-    OPTION_PREFIX,
-    OPTION_RUNTIME,
-    OPTION_WAIT,
-)
+from celery_dlq.worker.transport_setup import OPTION_FETCH, FetchContext
 
 logger = logging.getLogger(__name__)
-
 
 
 class QoS(kombu_redis.QoS):
@@ -167,31 +156,34 @@ class Channel(kombu_redis.Channel):
     """kombu's Redis channel with celery-dlq's fetch (see the module docstring)."""
 
     QoS = QoS
+    _brpop_sent_at: float | None  # type: ignore[assignment]  # kombu types it None; it holds a monotonic time
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         options = args[0].client.transport_options if args else {}
+        #: What this channel needs of the worker's app (``transport_setup.use_in_worker`` hands it over).
+        self.fetch_context: FetchContext = options.get(OPTION_FETCH) or FetchContext()
+        context = self.fetch_context
         self._dlq_recorded: set[str] = set()
         self._dlq_settled: set[str] = set()
         self._dlq_ours: set[str] = set()   # tags fetch.lua recorded in flight that the QoS holds
-        self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
         self._dlq_consumer = process.consumer_id()
-        self._dlq_lease = float(options.get(OPTION_INFLIGHT) or 10.0)
+        self._dlq_lease = context.inflight_lease
         self._dlq_beat_sent: float | None = None
-        self._dlq_runtime_ident = options.get(OPTION_RUNTIME)
-        self._dlq_wait = float(options.get(OPTION_WAIT) or 1.0)
-        prefix = options.get(OPTION_PREFIX) or "celery_dlq"
+        self._dlq_moves = context.moves
+        self._dlq_wait = context.wait
         self._dlq_next = FETCH
         self._dlq_took = False
         self._dlq_sent: tuple[str, list[str]] | None = None
         self._dlq_watch = 0
         self._dlq_recovered = False
-        self._dlq_listener = bool(options.get(OPTION_LISTENER, True))
+        self._dlq_listener = context.listener
         self._dlq_heard_at = -HEARD_FOR      # monotonic: when a fetch last found every queue heard
         self._dlq_registered_at = 0.0        # monotonic: when this channel last registered its queues
         self._dlq_logged_wait: str | None = None
         self._dlq_started = time.monotonic()
         super().__init__(*args, **kwargs)
-        self._dlq_keys = Keys(prefix, self.global_keyprefix)   # full names, for scripts
+        self._dlq_keys = Keys(context.key_prefix, self.global_keyprefix)   # full names, for scripts
         self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
         self._dlq_scripts = Scripts(self._dlq_plain)
         self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
@@ -303,15 +295,10 @@ class Channel(kombu_redis.Channel):
             self._dlq_sent = None
             flush_reauth(self)
 
-    @cached_property
-    def _dlq_moves(self) -> FetchMoves | None:
-        runtime = runtime_by_ident(self._dlq_runtime_ident)
-        return None if runtime is None else runtime.fetch_moves
-
     def _dlq_take(self, reply: list, keys: list[str]) -> bool:
         index, element, status, tag = reply[:4]
         if len(reply) > 5:   # due entries this fetch moved onto its lists (fetch_moves.py)
-            runtime_by_ident(self._dlq_runtime_ident).fetch_moved.add(reply, 5)
+            self.fetch_context.moved.add(reply, 5)
         status = bytes_to_str(status)
         if status == "none":
             raise kombu_redis.Empty()
@@ -326,7 +313,7 @@ class Channel(kombu_redis.Channel):
         try:
             message = loads(bytes_to_str(element))
         except Exception as exc:
-            error = f"not JSON: {exc}"
+            error: str | None = f"not JSON: {exc}"
         else:
             error = envelope_error(message)
         if error:
@@ -389,11 +376,12 @@ class Channel(kombu_redis.Channel):
             logger.warning("celery-dlq: error closing a Redis channel (%s: %s); carrying on",
                            type(exc).__name__, exc)
 
-
     def _dlq_end_wait(self) -> None:
         try:
-            self._dlq_plain.pipeline(transaction=False).zadd(self._dlq_wake_key, {"w": 0}) \
-                .pexpire(self._dlq_wake_key, TOKEN_TTL_MS).execute()
+            pipe = self._dlq_plain.pipeline(transaction=False)
+            pipe.zadd(self._dlq_wake_key, {"w": 0})
+            pipe.pexpire(self._dlq_wake_key, TOKEN_TTL_MS)
+            pipe.execute()
         except redis.RedisError:   # the wait ends at its timeout instead
             logger.debug("celery-dlq: could not end an idle fetch wait", exc_info=True)
 

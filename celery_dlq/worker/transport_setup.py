@@ -1,38 +1,79 @@
-"""Which transport a worker's broker connections use: celery-dlq's fetch on a Redis broker.
+"""Which transport a worker's broker connections use (celery-dlq's fetch on a Redis broker), and what its channels get.
 
 The :class:`~celery_dlq.worker.steps.FetchTransport` bootstep calls
 :func:`use_in_worker` before the consumer connects; the transport classes
 are named here by their dotted paths, as Celery's ``broker_transport`` takes them.
+
+kombu makes the channels itself, from ``broker_transport`` and the
+connection's transport options, so those options are the one way in: the
+worker's :class:`FetchContext` is handed to its channels under
+:data:`OPTION_FETCH`, as the object itself (no registry to look it up by
+name). It lives only in the worker's processes (prefork children are
+forked, never sent a pickled app) and shows in a dump of the configuration
+as its ``repr``, which leaves out the settings and connections.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from celery_dlq.policy import RedeliveryPolicy
+from celery_dlq.worker.config import Config
+from celery_dlq.worker.fetch_moves import FetchMoves, MoveTally, fetch_moves
+
+if TYPE_CHECKING:
+    from celery_dlq.worker.connections import Connections
 
 logger = logging.getLogger(__name__)
 
-#: ``broker_transport_options`` keys ``use_in_worker()`` sets for the worker's channels.
-OPTION_RUNTIME, OPTION_PREFIX, OPTION_WAIT = "celery_dlq_runtime", "celery_dlq_key_prefix", "celery_dlq_fetch_wait"
-OPTION_LISTENER, OPTION_INFLIGHT = "celery_dlq_fetch_listener", "celery_dlq_inflight_lease"
+#: The ``broker_transport_options`` key under which ``use_in_worker()`` hands the channels their context.
+OPTION_FETCH = "celery_dlq_fetch"
 #: ``broker_transport`` values that select this transport (TCP or TLS; a Unix socket).
 TRANSPORT, SOCKET_TRANSPORT = "celery_dlq.worker.transport:Transport", "celery_dlq.worker.transport:SocketTransport"
 SENTINEL_TRANSPORT = "celery_dlq.worker.sentinel:SentinelTransport"
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "sentinel://")
 
 
-def use_in_worker(app: Any, runtime: Any) -> bool:
+@dataclass(frozen=True)
+class FetchContext:
+    """What a worker's fetch channels need of their app; a channel made without one (outside a worker) gets the
+    defaults: no moves of due entries, invalid messages to ``DLQ.<queue>``, uncounted."""
+
+    key_prefix: str = "celery_dlq"
+    wait: float = 1.0                  #: ``dlq_fetch_wait``
+    listener: bool = True              #: ``dlq_fetch_listener``
+    inflight_lease: float = 10.0       #: ``dlq_inflight_lease``
+    moves: FetchMoves | None = None    #: where a fetch moves due entries first (``worker/fetch_moves.py``)
+    moved: MoveTally = field(default_factory=MoveTally, repr=False)   #: what they moved, until flushed
+    config: Config | None = field(default=None, repr=False)
+    #: This process's connections: where an invalid message's dead letter is counted.
+    redis: Callable[[], Connections] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, config: Config, redis: Callable[[], Connections], moved: MoveTally) -> FetchContext:
+        settings = config.settings
+        return cls(settings.key_prefix, settings.fetch_wait, settings.fetch_listener, settings.inflight_lease,
+                   fetch_moves(settings, config.direct), moved, config, redis)
+
+    def policy(self, queue: str) -> RedeliveryPolicy:
+        """The policy of ``queue`` for a message that names no task (an invalid one): where it is dead-lettered."""
+        return RedeliveryPolicy() if self.config is None else self.config.settings.policy_for("", queue)
+
+
+def use_in_worker(app: Any, context: FetchContext, enabled: bool = True) -> bool:
     """Make the worker's broker connections use this transport, when the broker is Redis; returns whether it does.
 
     Called by the consumer bootstep, in the worker only, when the app's
-    configuration is final. Off with ``dlq_fetch_transport = False``; left
-    alone when the app chose a ``broker_transport`` of its own. A
-    ``redis+socket://`` URL is given to kombu as ``socket://``, which kombu's
-    Redis transport reads the same way (a scheme with ``+`` would select
-    kombu's own transport by name).
+    configuration is final. Off with ``dlq_fetch_transport = False``
+    (``enabled``); left alone when the app chose a ``broker_transport`` of
+    its own. A ``redis+socket://`` URL is given to kombu as ``socket://``,
+    which kombu's Redis transport reads the same way (a scheme with ``+``
+    would select kombu's own transport by name).
     """
     conf = app.conf
-    if not runtime.settings.fetch_transport or conf.broker_transport not in (None, "", "redis", "rediss",
-                                                                              "sentinel"):
+    if not enabled or conf.broker_transport not in (None, "", "redis", "rediss", "sentinel"):
         return False
     urls = {name: conf.get(name) for name in ("broker_url", "broker_read_url")}
     if not isinstance(urls["broker_url"], str) or not urls["broker_url"].startswith(_REDIS_SCHEMES):
@@ -44,11 +85,7 @@ def use_in_worker(app: Any, runtime: Any) -> bool:
                                   for part in url.split(";"))
     sentinel = urls["broker_url"].startswith("sentinel://")
     conf.broker_transport = SENTINEL_TRANSPORT if sentinel else SOCKET_TRANSPORT if socket_url else TRANSPORT
-    conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_RUNTIME: runtime.ident,
-                                     OPTION_PREFIX: runtime.settings.key_prefix,
-                                     OPTION_WAIT: runtime.settings.fetch_wait,
-                                     OPTION_LISTENER: runtime.settings.fetch_listener,
-                                     OPTION_INFLIGHT: runtime.settings.inflight_lease}
+    conf.broker_transport_options = {**(conf.broker_transport_options or {}), OPTION_FETCH: context}
     logger.info("celery-dlq: the worker fetches with %s (validated, atomic fetch)", conf.broker_transport)
     return True
 

@@ -111,11 +111,11 @@ def consumed(redis_server, unique):
 def test_a_failure_on_a_redis_broker_parks_the_element_kombu_will_pop(consumed, unique):
     app, message = consumed
     runtime = celery_dlq.install(app)
-    assert runtime.direct
+    assert runtime.config.direct
     envelope = Envelope.from_message(message, f"q{unique}")
-    runtime.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)
-    runtime.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)   # a repeat
-    [entry] = list(runtime.store.entries())
+    runtime.parking.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)
+    runtime.parking.redeliver_later(envelope, delivery=1, failure=FAILURE, delay=0, message=message)   # a repeat
+    [entry] = list(runtime.redis().store.entries())
     direct = DirectPayload.loads(entry.payload)
     dest = QueueLists.of(app.conf.broker_transport_options).key(f"q{unique}", 9)
     assert (direct.queue, direct.dest, direct.task) == (f"q{unique}", dest, "shop.charge")
@@ -131,9 +131,9 @@ def test_a_failure_on_a_redis_broker_parks_the_element_kombu_will_pop(consumed, 
     assert rebuilt.body == message.body and rebuilt.headers["id"] == message.headers["id"]
     retry = ParkedRetry.from_entry(entry)
     assert (retry.task_id, retry.task_name, retry.delivery_count) == (message.headers["id"], "shop.charge", 2)
-    moved, left = runtime.store.move_due(runtime.lists.keys(f"q{unique}"), limit=10, now=entry.due + 1)
-    assert (moved, left) == (1, 0) and runtime.client.lrange(dest, 0, -1) == [direct.element]
-    runtime.client.delete(dest)
+    moved, left = runtime.redis().store.move_due(runtime.config.lists.keys(f"q{unique}"), limit=10, now=entry.due + 1)
+    assert (moved, left) == (1, 0) and runtime.redis().client.lrange(dest, 0, -1) == [direct.element]
+    runtime.redis().client.delete(dest)
 
 
 def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(consumed, unique):
@@ -142,16 +142,16 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
 
     app, message = consumed
     runtime = celery_dlq.install(app)
-    runtime.redeliver_later(Envelope.from_message(message, f"q{unique}"), delivery=1, failure=FAILURE, delay=0,
+    runtime.parking.redeliver_later(Envelope.from_message(message, f"q{unique}"), delivery=1, failure=FAILURE, delay=0,
                             message=message)
-    claimed = runtime.store.claim_due(lease=30, now=T0 * 2)
+    claimed = runtime.redis().store.claim_due(lease=30, now=T0 * 2)
     assert len(claimed) == 1
-    mover = MoverThread(app, runtime)
-    assert mover._publish(runtime.sharded.home, claimed) == 1
-    dest = runtime.lists.key(f"q{unique}", 9)
-    [element] = runtime.client.lrange(dest, 0, -1)
-    assert element == DirectPayload.loads(claimed[0].payload).element and runtime.store.count() == 0
-    runtime.client.delete(dest)
+    mover = MoverThread(app, runtime.config, runtime.redis())
+    assert mover._publish(runtime.redis().sharded.home, claimed) == 1
+    dest = runtime.config.lists.key(f"q{unique}", 9)
+    [element] = runtime.redis().client.lrange(dest, 0, -1)
+    assert element == DirectPayload.loads(claimed[0].payload).element and runtime.redis().store.count() == 0
+    runtime.redis().client.delete(dest)
 
 
 def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):

@@ -139,16 +139,16 @@ FAILURE = {"type": "ValueError", "message": "boom", "traceback": "Traceback ..."
 
 
 def stream(dlq) -> list[Event]:
-    return [event for _, event in EventLog(dlq.client, dlq.keys, 1).events()]
+    return [event for _, event in EventLog(dlq.redis().client, dlq.redis().keys, 1).events()]
 
 
 def test_park_redelivery_and_dead_letter_are_archived(app, unique):
     dlq = install(app)
     env = envelope(app, unique)
-    due = dlq.redeliver_later(env, delivery=1, failure=FAILURE, delay=0)
-    moved = MoverThread(app, dlq).move_due()
+    due = dlq.parking.redeliver_later(env, delivery=1, failure=FAILURE, delay=0)
+    moved = MoverThread(app, dlq.config, dlq.redis()).move_due()
     assert moved == 1
-    letter_queue = dlq.dead_letter(env.with_headers({**env.headers, H.DELIVERY_COUNT: 2,
+    letter_queue = dlq.redis().dead_letter(env.with_headers({**env.headers, H.DELIVERY_COUNT: 2,
                                                      H.FIRST_FAILURE_AT: 1_700_000_000.5}),
                                    delivery=2, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
                                    failure=FAILURE, worker="w1@host")
@@ -173,7 +173,7 @@ def test_park_redelivery_and_dead_letter_are_archived(app, unique):
 def test_dropped_message_is_archived_with_its_record(app, unique):
     dlq = install(app)
     env = envelope(app, unique)
-    assert dlq.dead_letter(env, delivery=3, policy=RedeliveryPolicy(dead_letter=False), reason="max_delivery_attempts",
+    assert dlq.redis().dead_letter(env, delivery=3, policy=RedeliveryPolicy(dead_letter=False), reason="max_delivery_attempts",
                            failure=FAILURE, worker="w") is None
     (dropped,) = stream(dlq)
     assert (dropped.type, dropped.delivery, dropped.reason, dropped.exception_type) == \
@@ -183,18 +183,18 @@ def test_dropped_message_is_archived_with_its_record(app, unique):
 
 def test_archive_failure_never_breaks_park(app, unique, caplog):
     dlq = install(app)
-    dlq.client.set(dlq.keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
+    dlq.redis().client.set(dlq.redis().keys.events, b"not a stream")  # XADD inside the park script fails: WRONGTYPE
     with caplog.at_level(logging.WARNING, logger="celery_dlq.storage.store"):
-        dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
-    assert dlq.store.count() == 1
-    assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"
+        dlq.parking.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    assert dlq.redis().store.count() == 1
+    assert dlq.redis().client.hget(dlq.redis().keys.stats, "parked") == b"1"
     assert "could not archive its event" in caplog.text
 
 
 def test_park_archives_its_event_in_the_same_script(app, unique):
     dlq = install(app)
-    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
-    [(_, fields)] = dlq.client.xrange(dlq.keys.events)
+    dlq.parking.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    [(_, fields)] = dlq.redis().client.xrange(dlq.redis().keys.events)
     event = Event.from_fields(fields)
     assert (event.type, event.delivery, event.exception_type) == ("parked", 1, FAILURE["type"])
     assert event.due_us is not None and event.due_us > event.ts_us
@@ -203,8 +203,8 @@ def test_park_archives_its_event_in_the_same_script(app, unique):
 def test_archive_off_writes_nothing(app, unique):
     app.conf.dlq_events_max_length = 0
     dlq = install(app)
-    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
-    assert dlq.store.count() == 1 and dlq.client.exists(dlq.keys.events) == 0
+    dlq.parking.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    assert dlq.redis().store.count() == 1 and dlq.redis().client.exists(dlq.redis().keys.events) == 0
 
 
 # -- the operator tools' API --------------------------------------------------------
@@ -226,9 +226,9 @@ def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique)
                    properties={}, exchange="", routing_key="orders", queue="orders")
     raw = kombu_json(env)
     assert decode_raw(raw).as_envelope().body == env.body and decode_raw(raw).as_envelope().queue == "orders"
-    assert dlq.archive.replayed([raw, env], dlq="DLQ.orders", now=1_700_000_100.0) == 2
-    assert dlq.archive.trimmed([raw], dlq="DLQ.orders", why="max_length") == 1
-    assert dlq.archive.purged([raw], dlq="DLQ.orders") == 1
+    assert dlq.redis().archive.replayed([raw, env], dlq="DLQ.orders", now=1_700_000_100.0) == 2
+    assert dlq.redis().archive.trimmed([raw], dlq="DLQ.orders", why="max_length") == 1
+    assert dlq.redis().archive.purged([raw], dlq="DLQ.orders") == 1
     replayed, replayed2, trimmed, purged = stream(dlq)
     assert replayed == replayed2
     assert (replayed.type, replayed.ts_us, replayed.dlq, replayed.queue, replayed.delivery) == \
@@ -237,17 +237,17 @@ def test_replayed_trimmed_and_purged_take_envelopes_or_raw_messages(app, unique)
     assert (trimmed.type, trimmed.reason) == ("trimmed", "max_length")
     assert purged.type == "purged" and purged.exception_type == "KeyError"
     # A bad element is logged, not raised.
-    assert dlq.archive.purged([b"not json"], dlq="DLQ.orders") == 0
+    assert dlq.redis().archive.purged([b"not json"], dlq="DLQ.orders") == 0
 
 
 def test_a_parked_copy_carries_its_payload_hash_for_the_movers_event(app, unique):
     from dataclasses import replace
 
     dlq = install(app)
-    dlq.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
-    [(_, fields)] = dlq.client.xrange(dlq.keys.events)
+    dlq.parking.redeliver_later(envelope(app, unique), delivery=1, failure=FAILURE, delay=60)
+    [(_, fields)] = dlq.redis().client.xrange(dlq.redis().keys.events)
     parked_hash = Event.from_fields(fields).payload_hash
-    [entry] = list(dlq.store.entries())
+    [entry] = list(dlq.redis().store.entries())
     copy = Envelope.loads(entry.payload)
     assert copy.extra[events.PAYLOAD_HASH] == parked_hash
     assert events.event_of(EventType.REDELIVERED, copy).payload_hash == parked_hash

@@ -1,4 +1,4 @@
-"""Runtime.park: the parked copy, its headers, and the redelivery signal."""
+"""Parking.redeliver_later: the parked copy, its headers, and the redelivery signal."""
 from __future__ import annotations
 
 import time
@@ -31,9 +31,9 @@ FAILURE = {"type": "ValueError", "message": "boom", "traceback": "tb"}
 
 def test_park_stores_the_original_with_next_delivery_headers(dlq, unique):
     before = time.time()
-    due = dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+    due = dlq.parking.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
     assert before + 5 <= due <= time.time() + 5
-    (entry,) = list(dlq.store.entries())
+    (entry,) = list(dlq.redis().store.entries())
     assert entry.entry_id == f"id-{unique}:2"
     assert abs(entry.due - due) < 0.002
     copy = Envelope.loads(entry.payload)
@@ -47,9 +47,9 @@ def test_park_stores_the_original_with_next_delivery_headers(dlq, unique):
 
 
 def test_first_failure_time_is_kept_across_redeliveries(dlq, unique):
-    dlq.redeliver_later(envelope(unique, {H.FIRST_FAILURE_AT: 1000.0, H.DELIVERY_COUNT: 2}), delivery=2,
+    dlq.parking.redeliver_later(envelope(unique, {H.FIRST_FAILURE_AT: 1000.0, H.DELIVERY_COUNT: 2}), delivery=2,
              failure=FAILURE, delay=0)
-    (entry,) = list(dlq.store.entries())
+    (entry,) = list(dlq.redis().store.entries())
     assert Envelope.loads(entry.payload).headers[H.FIRST_FAILURE_AT] == 1000.0
 
 
@@ -61,14 +61,14 @@ def test_park_is_idempotent_per_delivery(dlq, unique):
 
     task_redelivery_scheduled.connect(receiver, weak=False)
     try:
-        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
-        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+        dlq.parking.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
+        dlq.parking.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=5)
     finally:
         task_redelivery_scheduled.disconnect(receiver)
-    assert dlq.store.count() == 1
-    assert dlq.client.hget(dlq.keys.stats, "parked") == b"1"   # counted by the park script, once
+    assert dlq.redis().store.count() == 1
+    assert dlq.redis().client.hget(dlq.redis().keys.stats, "parked") == b"1"   # counted by the park script, once
     assert sent == [f"id-{unique}"]
-    assert dlq.client.xlen(dlq.keys.events) == 1
+    assert dlq.redis().client.xlen(dlq.redis().keys.events) == 1
 
 
 def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, unique):
@@ -80,19 +80,19 @@ def test_redelivery_signal_is_sent_and_a_raising_receiver_is_harmless(dlq, uniqu
 
     task_redelivery_scheduled.connect(receiver, weak=False)
     try:
-        dlq.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=0)
+        dlq.parking.redeliver_later(envelope(unique), delivery=1, failure=FAILURE, delay=0)
     finally:
         task_redelivery_scheduled.disconnect(receiver)
     assert seen == [("t.x", f"id-{unique}", 2, "ValueError")]
-    assert dlq.store.count() == 1
+    assert dlq.redis().store.count() == 1
 
 
 def test_delivery_counter_counts_restored_instances_from_the_header(dlq, unique):
-    assert dlq.counters.count(f"id-{unique}", "tag-1", floor=1) == 2   # delivery 1 restored once
-    assert dlq.counters.count(f"id-{unique}", "tag-1", floor=1) == 3   # and again
-    assert dlq.counters.count(f"id-{unique}", "tag-2", floor=3) == 4   # a parked copy (3), restored
-    dlq.counters.uncount([(f"id-{unique}", "tag-3", 1)])              # reserved, never started
-    assert dlq.counters.count(f"id-{unique}", "tag-3", floor=1) == 1   # so still delivery 1
+    assert dlq.redis().counters.count(f"id-{unique}", "tag-1", floor=1) == 2   # delivery 1 restored once
+    assert dlq.redis().counters.count(f"id-{unique}", "tag-1", floor=1) == 3   # and again
+    assert dlq.redis().counters.count(f"id-{unique}", "tag-2", floor=3) == 4   # a parked copy (3), restored
+    dlq.redis().counters.uncount([(f"id-{unique}", "tag-3", 1)])              # reserved, never started
+    assert dlq.redis().counters.count(f"id-{unique}", "tag-3", floor=1) == 1   # so still delivery 1
 
 
 def test_delivery_count_reads_the_request():
@@ -105,13 +105,13 @@ def test_delivery_count_reads_the_request():
 
 def test_acknowledged_messages_counters_are_deleted_in_batches(dlq, unique):
     for tag in ("tag-1", "tag-2", "tag-3"):
-        dlq.counters.count(f"id-{unique}", tag, floor=1)
-    dlq.counters.forget(f"id-{unique}", "tag-1")
-    dlq.counters.forget(f"id-{unique}", "tag-2")
-    assert dlq.counters.flush(batch=1) == 2
-    assert dlq.counters.flush() == 0
-    left = sorted(k.decode() for k in dlq.client.keys(f"*{{ext{unique}}}:count:*"))
-    assert left == [dlq.keys.delivery_count(f"id-{unique}:tag-3")]
+        dlq.redis().counters.count(f"id-{unique}", tag, floor=1)
+    dlq.redis().counters.forget(f"id-{unique}", "tag-1")
+    dlq.redis().counters.forget(f"id-{unique}", "tag-2")
+    assert dlq.redis().counters.flush(batch=1) == 2
+    assert dlq.redis().counters.flush() == 0
+    left = sorted(k.decode() for k in dlq.redis().client.keys(f"*{{ext{unique}}}:count:*"))
+    assert left == [dlq.redis().keys.delivery_count(f"id-{unique}:tag-3")]
 
 
 def test_two_messages_sharing_a_task_id_are_both_parked_a_repeat_is_not(dlq, unique):
@@ -119,10 +119,10 @@ def test_two_messages_sharing_a_task_id_are_both_parked_a_repeat_is_not(dlq, uni
 
     first = replace(envelope(unique), delivery_tag="tag-a")
     other = replace(envelope(unique), delivery_tag="tag-b")   # the application reused the task id
-    dlq.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)
-    dlq.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)     # the same message, delivered again
-    dlq.redeliver_later(other, delivery=1, failure=FAILURE, delay=5)
-    entries = sorted(entry.entry_id for entry in dlq.store.entries())
+    dlq.parking.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)
+    dlq.parking.redeliver_later(first, delivery=1, failure=FAILURE, delay=5)     # the same message, delivered again
+    dlq.parking.redeliver_later(other, delivery=1, failure=FAILURE, delay=5)
+    entries = sorted(entry.entry_id for entry in dlq.redis().store.entries())
     assert entries == [f"id-{unique}:2", f"id-{unique}:2:tag-b"]
-    assert dlq.client.hget(dlq.keys.stats, "parked") == b"2"
-    assert all(Envelope.loads(e.payload).headers[H.DELIVERY_COUNT] == 2 for e in dlq.store.entries())
+    assert dlq.redis().client.hget(dlq.redis().keys.stats, "parked") == b"2"
+    assert all(Envelope.loads(e.payload).headers[H.DELIVERY_COUNT] == 2 for e in dlq.redis().store.entries())

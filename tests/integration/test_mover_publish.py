@@ -23,7 +23,7 @@ def publishing(redis_server, unique):
     app = Celery("publishing", broker=broker, set_as_current=False)
     app.conf.update(task_default_queue=f"q{unique}", dlq_key_prefix=f"mp{unique}", dlq_redis_url=store)
     runtime = celery_dlq.install(app)
-    assert not runtime.direct
+    assert not runtime.config.direct
     yield app, runtime, f"q{unique}"
     for url in (broker, store):
         redis.Redis.from_url(url).flushdb()
@@ -37,7 +37,7 @@ def park(runtime, queue: str, n: int) -> list[str]:
         envelope = Envelope(body=base64.b64decode(msg["body"]), content_type=msg["content-type"],
                             content_encoding=msg["content-encoding"], headers=msg["headers"],
                             properties={"correlation_id": f"task-{i}"}, exchange="", routing_key=queue, queue=queue)
-        assert runtime.sharded.home.store.park(f"task-{i}:2", envelope.dumps(), queue, time.time() - 1)
+        assert runtime.redis().sharded.home.store.park(f"task-{i}:2", envelope.dumps(), queue, time.time() - 1)
         ids.append(f"task-{i}")
     return ids
 
@@ -56,9 +56,9 @@ def test_without_publish_batches_a_failure_mid_batch_releases_only_what_was_not_
 
     monkeypatch.setattr(Envelope, "publish", third_fails)
     with pytest.raises(redis.ConnectionError):
-        MoverThread(app, runtime).move_due()
-    on_queue = [json.loads(raw)["headers"]["id"] for raw in runtime.broker.lrange(queue, 0, -1)]
-    store = runtime.sharded.home.store
+        MoverThread(app, runtime.config, runtime.redis()).move_due()
+    on_queue = [json.loads(raw)["headers"]["id"] for raw in runtime.redis().broker.lrange(queue, 0, -1)]
+    store = runtime.redis().sharded.home.store
     assert sorted(on_queue) == sorted(calls[:2]), "the two sent before the error"
     assert store.count() == 3, "only the three not sent are given back"
     left = {entry.entry_id.split(":")[0] for entry in store.entries()}

@@ -34,8 +34,8 @@ def park_spread(runtime, queue: str, n: int) -> dict[int, list[str]]:
         task_id = f"task-{i}"
         element = json.dumps(celery_message(task_id=task_id, tag=f"tag-{i}")).encode()
         payload = DirectPayload(queue, queue, "shop.charge", element).dumps()
-        assert runtime.shard(task_id).store.park(f"{task_id}:2", payload, queue, time.time() - 1)
-        by_shard.setdefault(runtime.shards.index(task_id), []).append(task_id)
+        assert runtime.redis().shard(task_id).store.park(f"{task_id}:2", payload, queue, time.time() - 1)
+        by_shard.setdefault(runtime.redis().shards.index(task_id), []).append(task_id)
     return by_shard
 
 
@@ -43,20 +43,20 @@ def test_the_mover_serves_every_shard_and_a_failing_one_does_not_stop_the_rest(s
     app, runtime, queue = sharded
     by_shard = park_spread(runtime, queue, 30)
     assert sorted(by_shard) == [0, 1, 2]
-    broken = runtime.sharded.of(by_shard[1][0]).store
+    broken = runtime.redis().sharded.of(by_shard[1][0]).store
 
     def down(*args, **kwargs):
         raise redis.ConnectionError("this shard's master is down")
 
     monkeypatch.setattr(broken, "move_due", down)
     monkeypatch.setattr(broken, "claim_due", down)
-    mover = MoverThread(app, runtime)
+    mover = MoverThread(app, runtime.config, runtime.redis())
     with pytest.raises(redis.ConnectionError):
         mover.move_due()
-    moved = {json.loads(raw)["headers"]["id"] for raw in runtime.client.lrange(queue, 0, -1)}
+    moved = {json.loads(raw)["headers"]["id"] for raw in runtime.redis().client.lrange(queue, 0, -1)}
     assert moved == set(by_shard[0] + by_shard[2])        # the other shards were served all the same
     assert broken.count() == len(by_shard[1])
 
     monkeypatch.undo()
     assert mover.move_due() == len(by_shard[1])
-    assert runtime.client.llen(queue) == 30 and runtime.sharded.count() == 0
+    assert runtime.redis().client.llen(queue) == 30 and runtime.redis().sharded.count() == 0

@@ -14,11 +14,10 @@ from kombu.exceptions import ContentDisallowed
 from celery_dlq import ConfigurationError, RedeliveryPolicy
 from celery_dlq import headers as H
 from celery_dlq.element import with_body
-from celery_dlq.message import Envelope, decode_raw, with_task_arguments
+from celery_dlq.message import Envelope, decode_raw, with_arguments, with_task_arguments
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.store import ParkedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
-from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.task import Redeliver
 
 T0 = 1_700_000_000.0
@@ -105,9 +104,9 @@ def envelope(body: bytes, content_type: str = "application/json", encoding: str 
 
 
 def test_with_arguments_reencodes_with_the_original_serializer_and_updates_the_reprs():
-    runtime = Runtime(Celery(set_as_current=False))
+    accept = Celery(set_as_current=False).conf.accept_content
     embed = {"callbacks": None, "errbacks": None, "chain": [{"task": "t.after"}], "chord": None}
-    out = runtime.with_arguments(envelope(json.dumps([[1], {}, embed]).encode()), [2], {"note": "x"})
+    out = with_arguments(envelope(json.dumps([[1], {}, embed]).encode()), [2], {"note": "x"}, accept)
     assert json.loads(out.body) == [[2], {"note": "x"}, embed]
     assert (out.content_type, out.content_encoding) == ("application/json", "utf-8")
     assert out.headers["argsrepr"] == "[2]" and out.headers["kwargsrepr"] == "{'note': 'x'}"
@@ -118,9 +117,9 @@ def test_with_arguments_never_decodes_beyond_accept_content():
     app = Celery(set_as_current=False)
     body = pickle.dumps(([1], {}, {}))
     with pytest.raises(ContentDisallowed):
-        Runtime(app).with_arguments(envelope(body, "application/x-python-serialize", "binary"), [2], {})
+        with_arguments(envelope(body, "application/x-python-serialize", "binary"), [2], {}, app.conf.accept_content)
     app.conf.accept_content = ["json", "pickle"]
-    out = Runtime(app).with_arguments(envelope(body, "application/x-python-serialize", "binary"), [2], {})
+    out = with_arguments(envelope(body, "application/x-python-serialize", "binary"), [2], {}, app.conf.accept_content)
     assert pickle.loads(out.body) == [[2], {}, {}]
 
 
@@ -281,7 +280,7 @@ def test_with_arguments_compresses_again_a_compressed_message():
     original = envelope(json.dumps([[1], {}, {}]).encode())  # kombu hands over the decompressed body
     original = Envelope(original.body, original.content_type, original.content_encoding,
                         {**original.headers, "compression": "application/x-gzip"}, {}, "", "q", "q")
-    out = Runtime(Celery(set_as_current=False)).with_arguments(original, [2], {})
+    out = with_arguments(original, [2], {}, Celery(set_as_current=False).conf.accept_content)
     assert out.headers["compression"] == "application/x-gzip"
     assert json.loads(decompress(out.body, "application/x-gzip")) == [[2], {}, {}]
 

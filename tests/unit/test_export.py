@@ -159,7 +159,7 @@ def test_snapshot_of_the_dlqs_and_the_export_command(redis_server, unique, tmp_p
                    routing_key=queue, queue=queue)
     client = redis.Redis.from_url(redis_server.url)
     try:
-        dlq.dead_letter(env, delivery=3, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
+        dlq.redis().dead_letter(env, delivery=3, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
                         failure={"type": "ValueError", "message": "no", "traceback": ""}, worker="w")
         runner = CliRunner()
         out = runner.invoke(cli_analytics.export, ["--out", str(tmp_path), "--snapshot", "--json"],

@@ -214,6 +214,11 @@ def test_release_quarantine_moves_one_element_once(any_redis, unique):
 
 # -- switching the worker to the transport ------------------------------------------
 
+def fetch_context(runtime) -> TS.FetchContext:
+    """What the FetchTransport bootstep hands the worker's channels."""
+    return TS.FetchContext.of(runtime.config, runtime.redis, runtime.fetch_moved)
+
+
 def make_app(url: str, **conf) -> Celery:
     app = Celery("t", broker=url, set_as_current=False)
     app.conf.update(conf)
@@ -224,11 +229,13 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     app = make_app("redis://localhost:6379/3", broker_transport_options={"global_keyprefix": "g:"},
                    dlq_key_prefix="kp", dlq_fetch_wait=0.25)
     runtime = runtime_of(app)
-    assert TS.use_in_worker(app, runtime)
+    context = fetch_context(runtime)
+    assert TS.use_in_worker(app, context)
     assert app.conf.broker_transport == TS.TRANSPORT
-    assert app.conf.broker_transport_options == {
-        "global_keyprefix": "g:", TS.OPTION_RUNTIME: runtime.ident, TS.OPTION_PREFIX: "kp", TS.OPTION_WAIT: 0.25,
-        TS.OPTION_LISTENER: True, TS.OPTION_INFLIGHT: 10.0}
+    assert app.conf.broker_transport_options == {"global_keyprefix": "g:", TS.OPTION_FETCH: context}
+    assert (context.key_prefix, context.wait, context.listener, context.inflight_lease) == ("kp", 0.25, True, 10.0)
+    assert context.moved is runtime.fetch_moved and context.policy("orders").dead_letter_queue("orders") == "DLQ.orders"
+    assert "redis://" not in repr(context)   # a dump of the configuration shows no URL
     with app.connection_for_read() as connection:
         assert connection.transport_cls == TS.TRANSPORT
         assert type(connection.transport) is T.Transport
@@ -244,7 +251,7 @@ def test_a_unix_socket_broker_fetches_through_the_transport(tmp_path):
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         app = make_app(f"redis+socket://{sock}?virtual_host=2")
-        assert TS.use_in_worker(app, runtime_of(app))
+        assert TS.use_in_worker(app, fetch_context(runtime_of(app)))
         assert app.conf.broker_transport == TS.SOCKET_TRANSPORT
         with app.connection_for_read() as connection:
             assert type(connection.transport) is T.SocketTransport
@@ -271,5 +278,6 @@ def test_a_unix_socket_broker_fetches_through_the_transport(tmp_path):
 def test_the_transport_is_left_alone_when_not_wanted_or_not_redis(conf):
     app = make_app(conf.pop("broker_url"), **conf)
     before = app.conf.broker_transport
-    assert not TS.use_in_worker(app, runtime_of(app))
+    runtime = runtime_of(app)
+    assert not TS.use_in_worker(app, fetch_context(runtime), runtime.config.settings.fetch_transport)
     assert app.conf.broker_transport == before

@@ -145,6 +145,7 @@ def test_a_behaviour_check_that_crashes_counts_as_failed():
 
 def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libraries():
     import celery_dlq.worker.inflight as inflight
+    import celery_dlq.worker.park as park
     import celery_dlq.worker.poolfix as poolfix
     import celery_dlq.worker.request as request
     import celery_dlq.worker.runtime as runtime
@@ -155,7 +156,7 @@ def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libr
                "._deliver(", "._q_for_pri", "._in_poll", "._flush_brpop_reauth", "._fileno_to_", "._success_was",
                "einfo._", "._brpop_sent_at", "._qos", "virtual.QoS", ".reset =", ".register_with_event_loop =",
                ".readers", ".writers")
-    for module in (inflight, poolfix, request, runtime, strategy, transport):
+    for module in (inflight, park, poolfix, request, runtime, strategy, transport):
         source = inspect.getsource(module)
         assert [name for name in private if name in source] == [], module.__name__
 

@@ -89,18 +89,18 @@ def test_the_operator_api_installs_no_worker_bootsteps(redis_server):
 
 
 def test_install_hands_its_runtime_to_the_bootsteps():
-    from celery_dlq.worker.runtime import is_managed
+    from celery_dlq.worker.config import is_managed
 
     app = Celery("installed", broker="redis://localhost:1/0", set_as_current=False)
     runtime = celery_dlq.install(app)
     steps = {step.name: step for step in app.steps["consumer"]}
     assert set(steps) == {f"celery_dlq.worker.steps.{name}" for name in (
-        "Settings", "FetchTransport", "KeepPoolIO", "CompactTracebacks", "DeadLetterDiscards",
-        "UncountUnstarted")} | {"celery_dlq.worker.mover.Mover"}
+        "Settings", "BindConsumer", "FetchTransport", "KeepPoolIO", "CompactTracebacks", "DeadLetterDiscards",
+        "UncountUnstarted", "FlushCounts")} | {"celery_dlq.worker.mover.Mover"}
     assert all(step.runtime is runtime for step in steps.values())
     assert all(steps["celery_dlq.worker.steps.Settings"] in step.requires
                for name, step in steps.items() if not name.endswith(".Settings")), "Settings goes first"
-    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 7   # idempotent
+    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 9   # idempotent
     assert is_managed(celery_dlq.RedeliveryTask) and not is_managed(app.tasks["celery.backend_cleanup"])
 
 

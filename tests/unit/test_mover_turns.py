@@ -1,6 +1,7 @@
 """One mover at a time: the heartbeats that take a free lease, the role changes, the holder's wait."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -159,3 +160,84 @@ def test_with_several_shards_the_holder_looks_every_interval():
     started = time.monotonic()
     turns.wait_for_due(lambda: time.time() + 3.0, can_block=False)
     assert fake.waits == [] and time.monotonic() - started < 1.0 and not turns.fresh
+
+
+class MarkerLease:
+    """The lease's wait as Redis does it: BZPOPMIN finds a marker written before the wait began, or blocks."""
+
+    lease, interval = 10.0, 2.0
+
+    def __init__(self) -> None:
+        self.marker = threading.Event()
+
+    def wait_for_due(self, timeout: float) -> bool:
+        woken = self.marker.wait(timeout)
+        self.marker.clear()
+        return woken
+
+    def wake(self) -> None:
+        self.marker.set()
+
+
+def stop_between_lines(set_at: int, look_at: int) -> bool:
+    """Run the holder's wait (nothing due: it would block MAX_BLOCK) in a thread paused at its line events
+    number ``set_at`` and ``look_at``: the stopping thread sets ``stop`` at the first and calls
+    ``stop_waiting()`` at the second (or as soon as the wait blocks). True if the wait ended promptly."""
+    stop, fake = threading.Event(), MarkerLease()
+    turns = MoverTurns(fake, stop, interval=0.2, holder=held())
+    paused, resume = threading.Semaphore(0), threading.Semaphore(0)
+    pause_at, seen = {set_at, look_at}, [0]
+    code = MoverTurns.wait_for_due.__code__
+
+    def trace_lines(frame, event, arg):
+        if event == "line":
+            seen[0] += 1
+            if seen[0] in pause_at:
+                paused.release()
+                resume.acquire()
+        return trace_lines
+
+    def waiter() -> None:
+        sys.settrace(lambda frame, event, arg: trace_lines if frame.f_code is code else None)
+        try:
+            turns.wait_for_due(lambda: None, can_block=True)
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    steps = [(stop.set, turns.stop_waiting)] if set_at == look_at else [(stop.set,), (turns.stop_waiting,)]
+    for step in steps:
+        at_a_line = paused.acquire(timeout=0.05)   # else it blocks, or returned: the step comes then
+        for action in step:
+            action()
+        if at_a_line:
+            resume.release()
+    pause_at.clear()
+    resume.release()
+    resume.release()
+    thread.join(2.0)
+    return not thread.is_alive()
+
+
+def test_a_stop_at_any_moment_ends_the_holders_blocking_wait_at_once():
+    """Every interleaving of the stopping thread's two steps with the holder's lines: none waits MAX_BLOCK."""
+    stop, fake = threading.Event(), MarkerLease()
+    lines = []
+    code = MoverTurns.wait_for_due.__code__
+    threading.Timer(0.3, lambda: (stop.set(), fake.wake())).start()
+
+    def count(frame, event, arg):
+        if event == "line":
+            lines.append(frame.f_lineno)
+        return count
+
+    sys.settrace(lambda frame, event, arg: count if frame.f_code is code else None)
+    try:
+        MoverTurns(fake, stop, interval=0.2, holder=held()).wait_for_due(lambda: None, can_block=True)
+    finally:
+        sys.settrace(None)
+    assert len(lines) > 5
+    late = [(i, j) for i in range(1, len(lines) + 2) for j in range(i, len(lines) + 2)
+            if not stop_between_lines(i, j)]
+    assert late == []
