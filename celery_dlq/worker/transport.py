@@ -93,7 +93,7 @@ from celery_dlq.worker.fetch_wait import (
     marker_wait,
     wait_text,
 )
-from celery_dlq.worker.rejects import reject, release_quarantine
+from celery_dlq.worker.rejects import Rejects
 from celery_dlq.worker.runtime import runtime_by_ident
 from celery_dlq.worker.transport_setup import (
     OPTION_INFLIGHT,
@@ -196,6 +196,8 @@ class Channel(kombu_redis.Channel):
         self._dlq_wake_key = self._dlq_keys.fetch_wake(f"{self._dlq_consumer}:{uuid()[:8]}")
         self._dlq_inflight = InFlight(self._dlq_plain, self._dlq_keys)
         self._dlq_inflight_key = self._dlq_keys.inflight(self._dlq_consumer)
+        self._dlq_rejects = Rejects(self._dlq_scripts, self._dlq_keys, self.global_keyprefix or "", self.ack_keys(),
+                                    self._dlq_consumer, runtime_by_ident(self._dlq_runtime_ident))
         process.opened(self)
 
     # -- fetch ------------------------------------------------------------------
@@ -318,8 +320,8 @@ class Channel(kombu_redis.Channel):
             process.beaten(self._dlq_beat_sent)
         queue = self._queue_of_key(keys[int(index) - 1])
         if status == "quarantined":
-            release_quarantine(self, queue, element, "not a kombu message (not a JSON object with "
-                                                     "properties, delivery_tag and delivery_info)")
+            self._dlq_rejects.release_quarantine(queue, element, "not a kombu message (not a JSON object with "
+                                                                 "properties, delivery_tag and delivery_info)")
             raise kombu_redis.Empty()
         tag = bytes_to_str(tag)
         try:
@@ -329,7 +331,7 @@ class Channel(kombu_redis.Channel):
         else:
             error = envelope_error(message)
         if error:
-            reject(self, queue, element, tag, error)
+            self._dlq_rejects.reject(queue, element, tag, error)
             raise kombu_redis.Empty()
         if status == "again":   # given back by a lost consumer: a redelivery, counted as kombu's restores are
             message["properties"]["delivery_info"]["redelivered"] = True
