@@ -54,7 +54,10 @@ class World:
     def __init__(self, redis_url: str, unique: str) -> None:
         self.queue, self.prefix = f"q{unique}", f"rec{unique}"
         self.app = Celery("rec", broker=redis_url, set_as_current=False)
-        self.app.conf.update(task_default_queue=self.queue, dlq_key_prefix=self.prefix)
+        # A DLQ name of its own: the operator tests running beside this one list every DLQ.* in the database.
+        self.dlq = f"{self.prefix}.DLQ.{self.queue}"
+        self.app.conf.update(task_default_queue=self.queue, dlq_key_prefix=self.prefix,
+                             dlq_default_policy={"dead_letter_queue_prefix": f"{self.prefix}.DLQ."})
         self.runtime: Runtime = celery_dlq.install(self.app, validate=False)
 
         @self.app.task(bind=True, base=RedeliveryTask, name="rec.task", ignore_result=True, shared=False,
@@ -79,7 +82,7 @@ class World:
                                                no_ack_consumers=None))
 
     def letter_count(self) -> int:
-        return self.client.llen(f"DLQ.{self.queue}")
+        return self.client.llen(self.dlq)
 
     def recorded(self, reason: str) -> dict:
         """What the records say of ``reason``: stats, metric, trend, archive events, signals."""
@@ -94,7 +97,7 @@ class World:
                 "archive": len(archived), "signals": [s["reason"] for s in self.signals]}
 
     def close(self) -> None:
-        self.client.delete(f"DLQ.{self.queue}", *self.client.keys(f"{{{self.prefix}}}*"),
+        self.client.delete(self.dlq, *self.client.keys(f"{{{self.prefix}}}*"),
                            *self.client.keys(f"{self.prefix}*"))
         self.client.close()
 
@@ -205,7 +208,7 @@ def test_an_invalid_message_from_the_fetch_is_signalled_without_a_task(world, mo
     _fetched_invalid(world)
     (signal,) = world.signals
     assert (signal["sender"], signal["task_id"], signal["task_name"]) == (None, None, None)
-    assert (signal["original_queue"], signal["dead_letter_queue"]) == (world.queue, f"DLQ.{world.queue}")
+    assert (signal["original_queue"], signal["dead_letter_queue"]) == (world.queue, world.dlq)
     assert signal["exception"]["type"] == "celery_dlq.errors.InvalidMessage"
     assert signal["exception"]["message"] == "not JSON" and signal["delivery_count"] == 1
     assert world.recorded(Reason.INVALID_MESSAGE)["trend"] == 1
