@@ -97,8 +97,7 @@ class World:
                 "archive": len(archived), "signals": [s["reason"] for s in self.signals]}
 
     def close(self) -> None:
-        self.client.delete(self.dlq, *self.client.keys(f"{{{self.prefix}}}*"),
-                           *self.client.keys(f"{self.prefix}*"))
+        self.client.delete(self.dlq, *self.client.keys(f"*{self.prefix}*"))   # the DLQ's groups hash too
         self.client.close()
 
 
