@@ -1,10 +1,10 @@
 """Every path that ends a message is recorded by worker/recorder.py, and nothing else writes those records.
 
 Each reason of ``Reason.ALL`` is produced by the real code that produces it
-(the Request, Celery's discard callbacks, the mover, the fetch's rejects),
-against the test run's redis-server, with :meth:`Recorder.record` replaced by
-a stub: the path must call it, and must write no counter, trend, archive
-event or signal of its own. The recorder is then called with what the path
+(the Request, the strategy, Celery's discard callbacks, the mover, the
+fetch's rejects), against the test run's redis-server, with
+:meth:`Recorder.record` replaced by a stub: the path must call it, and must
+write no counter, trend, archive event or signal of its own. The recorder is then called with what the path
 handed it, and must write each of them once. End to end with a real worker:
 tests/integration/test_recorded.py.
 """
@@ -36,6 +36,7 @@ from celery_dlq.storage.events import EventType
 from celery_dlq.storage.keys import Keys, Stat
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.totals import Metric
+from celery_dlq.worker import strategy
 from celery_dlq.worker.discards import dead_letter_first
 from celery_dlq.worker.mover import MoverThread
 from celery_dlq.worker.recorder import Recorder
@@ -170,15 +171,30 @@ def _expired_while_parked(world: World) -> None:
                                                                          [(claimed, envelope)])
 
 
+def _forged_count(world: World) -> None:
+    message = world.message(delivery=1)
+    ctx = world.runtime.context(world.task, message)
+    strategy._dead_letter_invalid(world.runtime, world.task, message, ctx, "w@test", "forged delivery count")
+
+
+def _lost_before_reporting(world: World) -> None:
+    message = world.message(delivery=3)
+    message.delivery_info["redelivered"] = True   # restored after its worker died: counted past the limit
+    ctx = world.runtime.context(world.task, message)
+    assert strategy._count_or_dead_letter(world.runtime, world.task, message, ctx, "w@test")
+
+
 PATHS = {
     "last failure (request)": (Reason.MAX_DELIVERY_ATTEMPTS, lambda w: _failure(w, ValueError("boom"))),
     "dead_letter_on (request)": (Reason.NON_RETRYABLE, lambda w: _failure(w, KeyError("missing"), delivery=1)),
     "worker lost (request)": (Reason.WORKER_LOST, _lost),
+    "lost before reporting (strategy)": (Reason.WORKER_LOST, _lost_before_reporting),
     "soft time limit (request)": (Reason.TIME_LIMIT, lambda w: _failure(w, SoftTimeLimitExceeded("slow"))),
     "expired (request)": (Reason.EXPIRED, lambda w: _failure(w, MessageExpired("too late"), delivery=1)),
     "expired while parked (mover)": (Reason.EXPIRED, _expired_while_parked),
     "unknown task (Celery's discard)": (Reason.UNKNOWN_TASK, lambda w: _discarded(w, Reason.UNKNOWN_TASK)),
     "invalid task (Celery's discard)": (Reason.INVALID_MESSAGE, lambda w: _discarded(w, Reason.INVALID_MESSAGE)),
+    "forged delivery count (strategy)": (Reason.INVALID_MESSAGE, _forged_count),
     "invalid element (fetch)": (Reason.INVALID_MESSAGE, _fetched_invalid),
     "quarantined element (fetch)": (Reason.INVALID_MESSAGE, _quarantined),
 }
