@@ -238,6 +238,18 @@ def test_an_invalid_message_is_trimmed_by_its_dlqs_retention(world, monkeypatch)
     assert int(world.client.hget(world.keys.stats, Stat.DEAD_LETTERED)) == 2
 
 
+def test_a_drop_is_recorded_there_too(world, monkeypatch):
+    monkeypatch.setattr(Recorder, "record", _REAL_RECORD)
+    world.app.conf.dlq_default_policy = {"dead_letter": False}
+    _failure(world, ValueError("boom"))
+    assert world.letter_count() == 0
+    assert [(s["reason"], s["dead_letter_queue"]) for s in world.signals] == [(Reason.MAX_DELIVERY_ATTEMPTS, None)]
+    assert int(world.client.hget(world.keys.stats, Stat.DROPPED)) == 1
+    assert [n for (name, _), n in totals.read(world.client, world.keys).items() if name == Metric.DROPPED] == [1]
+    assert [event.type for _, event in EventLog(world.client, world.keys, 1000).events()] == [EventType.DROPPED]
+    assert world.recorded(Reason.MAX_DELIVERY_ATTEMPTS)["trend"] == 0
+
+
 # -- no second writer -----------------------------------------------------------
 
 #: What writes the record of a dead letter or a drop; only worker/recorder.py may hold these.
