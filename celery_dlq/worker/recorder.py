@@ -96,15 +96,16 @@ class Recorder:
 
 def _log(message: Envelope, dlq: str | None, reason: str, failure: Mapping[str, str], delivery: int,
          policy: RedeliveryPolicy) -> None:
-    """One WARNING per message ended; a message that is not a task is named as an invalid message."""
-    what = f"{message.task_name}[{message.task_id or UNKNOWN_TASK_ID}]" if message.task_name or message.task_id \
-        else "an invalid message"
+    """One WARNING per message ended (docs/operating.md shows one); what is not a task is an invalid message."""
     summary = H.summary(failure)
-    if dlq is not None:
-        logger.warning("celery-dlq: %s dead-lettered to %s from %r after delivery %d (%s: %s)",
-                       what, dlq, message.queue, delivery, reason, summary)
-        return
-    cause = "expired='drop'" if reason == H.Reason.EXPIRED and policy.dead_letter is not False \
-        else "dead_letter=False"
-    logger.warning("celery-dlq: dropping %s from %r after delivery %d (%s: %s): %s",
-                   what, message.queue, delivery, reason, summary, cause)
+    if dlq is None:
+        cause = "expired='drop'" if reason == H.Reason.EXPIRED and policy.dead_letter is not False \
+            else "dead_letter=False"
+        logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): %s", message.task_name,
+                       message.task_id or UNKNOWN_TASK_ID, message.queue, delivery, reason, summary, cause)
+    elif message.task_name or message.task_id:
+        logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)", message.task_name,
+                       message.task_id or UNKNOWN_TASK_ID, dlq, delivery, reason, summary)
+    else:
+        logger.warning("celery-dlq: an invalid message from %r dead-lettered to %s (%s: %s)",
+                       message.queue, dlq, reason, summary)
