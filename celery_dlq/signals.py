@@ -22,6 +22,8 @@ task_redelivery_scheduled = Signal(
 
 #: sender: the task name. Arguments: task_id, task_name, original_queue,
 #: dead_letter_queue (None when dropped), reason, exception (a dict), delivery_count.
+#: Sent for every reason; for a list element that is not a task (invalid_message,
+#: from the worker's fetch) sender, task_id and task_name are None.
 task_dead_lettered = Signal(
     name="task_dead_lettered",
     providing_args={"task_id", "task_name", "original_queue", "dead_letter_queue",

@@ -67,7 +67,7 @@ class DeliveryCounters:
         """Delete the counters of acknowledged messages, ``batch`` keys per round trip."""
         deleted = 0
         while self._spent:
-            keys = []
+            keys: list[str] = []
             while self._spent and len(keys) < batch:
                 keys.append(self._spent.popleft())
             self.client.unlink(*keys)

@@ -192,7 +192,7 @@ def _as_envelope(letter: Any) -> Envelope:
     raw = letter if isinstance(letter, (bytes, bytearray, str)) else getattr(letter, "raw", None)
     if raw is None:
         raise TypeError(f"not a dead letter: {type(letter).__name__}")
-    message = decode_raw(raw)
+    message = decode_raw(bytes(raw) if isinstance(raw, bytearray) else raw)
     if not message.doc:
         raise ValueError("not a kombu message (not a JSON object)")
     return _hashed(message.as_envelope())

@@ -6,5 +6,6 @@ and adds the consumer bootsteps (:mod:`~celery_dlq.worker.steps`,
 process), :mod:`~celery_dlq.worker.strategy` and
 :mod:`~celery_dlq.worker.request` (the main process) take a failing message
 over; :mod:`~celery_dlq.worker.deadletter` and
-:mod:`~celery_dlq.worker.retention` write and trim DLQs.
+:mod:`~celery_dlq.worker.retention` write and trim DLQs, and
+:mod:`~celery_dlq.worker.recorder` records every dead letter and drop.
 """

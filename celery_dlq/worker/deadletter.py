@@ -1,4 +1,4 @@
-"""Dead letters: naming the DLQ, publishing the original message there once, counting drops.
+"""Dead letters: naming the DLQ, publishing the original message there once, then recording it.
 
 A dead letter is the original message (body untouched) published to a plain
 kombu queue, ``DLQ.<queue>`` by default, with ``x-dlq-*`` headers saying where
@@ -11,7 +11,9 @@ On a Redis broker the dead letter is pushed by a Lua script
 index (:mod:`celery_dlq.storage.groups`), so the counts never drift from the
 lists, whatever is killed when; the letter is exactly what a kombu publish
 would have pushed, plus its group id (``x-dlq-group``). On another broker
-it is published through kombu, without groups.
+it is published through kombu, without groups. Counting, archiving, the
+signal and retention are the recorder's (:mod:`celery_dlq.worker.recorder`),
+for a dropped message too.
 
 Idempotence (ActiveMQ's DLQ audit): an audit key per (task id, delivery,
 delivery tag of the consumed message instance)
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -35,13 +38,12 @@ from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.signals import send_isolated, task_dead_lettered
-from celery_dlq.storage import groups, totals, trends
+from celery_dlq.storage import groups
 from celery_dlq.storage.client import broker_client
 from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists, Stat
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore
-from celery_dlq.storage.totals import Metric
+from celery_dlq.worker.recorder import Recorder
 from celery_dlq.worker.retention import Retention
 from celery_dlq.worker.task_events import TaskEvents
 
@@ -61,7 +63,6 @@ class DeadLetterer:
     def __init__(self, app: Any, client: Any, store: ShardedStore, *, audit_ttl: float,
                  redis_url: str, events: TaskEvents | None = None, broker: Any = None) -> None:
         self.app = app
-        self.events = events
         self.client = client
         #: A task's audit markers, counters and archive events go to its shard of the store.
         self.store = store
@@ -73,8 +74,9 @@ class DeadLetterer:
         #: The broker's Redis, where DLQs are lists (connected on first use unless given; None off Redis).
         self._scripts: Scripts | None = Scripts(broker) if broker is not None else None
         self._redis_broker: bool | None = True if broker is not None else None
-        self.retention = Retention(app, client, store.home.keys, archive=store.home.archive, redis_url=redis_url,
-                                   broker=broker)
+        #: Every dead letter and drop is counted, archived, told and trimmed there.
+        self.recorder = Recorder(client, store, Retention(app, client, store.home.keys, archive=store.home.archive,
+                                                          redis_url=redis_url, broker=broker), events)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
@@ -86,20 +88,10 @@ class DeadLetterer:
         expired = reason == H.Reason.EXPIRED
         dlq = policy.expired_queue(envelope.queue) if expired else policy.dead_letter_queue(envelope.queue)
         task_id = envelope.task_id or UNKNOWN_TASK_ID
-        shard = self.store.of(task_id)
-        keys = shard.keys
+        keys = self.store.of(task_id).keys
+        record = partial(self.recorder.record, reason=reason, failure=failure, delivery=delivery, policy=policy)
         if dlq is None:
-            logger.warning("celery-dlq: dropping %s[%s] from %r after delivery %d (%s: %s): %s",
-                           envelope.task_name, task_id, envelope.queue, delivery, reason, H.summary(failure),
-                           "expired='drop'" if expired and policy.dead_letter is not False else "dead_letter=False")
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hincrby(keys.stats, Stat.DROPPED, 1)
-            if expired:
-                pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
-            totals.incr(pipe, keys, Metric.DROPPED, queue=envelope.queue, task=envelope.task_name or "")
-            pipe.execute()
-            shard.archive.dropped(envelope, reason=reason, failure=failure, delivery=delivery)
-            self._notify(envelope, None, reason, failure, delivery)
+            record(envelope, None)
             return None
         audit = keys.audit(task_id, delivery, envelope.delivery_tag)
         if not self.client.set(audit, PENDING, nx=True, ex=self.audit_ttl_s):
@@ -119,18 +111,7 @@ class DeadLetterer:
         self.publish(letter, dlq)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(audit, DONE, ex=self.audit_ttl_s)
-        pipe.hincrby(keys.stats, Stat.DEAD_LETTERED, 1)
-        if expired:
-            pipe.hincrby(keys.stats, Stat.EXPIRED, 1)
-        totals.incr(pipe, keys, Metric.DEAD_LETTERED, queue=envelope.queue, task=envelope.task_name or "",
-                     reason=reason)
-        shard.store.trend(pipe, trends.series("dead_lettered", envelope.queue, reason))
-        pipe.execute()
-        shard.archive.dead_lettered(letter, dlq)
-        logger.warning("celery-dlq: %s[%s] dead-lettered to %s after delivery %d (%s: %s)",
-                       envelope.task_name, task_id, dlq, delivery, reason, H.summary(failure))
-        self._notify(envelope, dlq, reason, failure, delivery)
-        self.retention.after_dead_letter(dlq, policy)
+        record(letter, dlq, pipe=pipe)
         return dlq
 
     def publish(self, envelope: Envelope, dlq: str) -> None:
@@ -160,13 +141,3 @@ class DeadLetterer:
             except BrokerNotSupported:
                 self._redis_broker = False
         return self._scripts
-
-    def _notify(self, envelope: Envelope, dlq: str | None, reason: str,
-                failure: Mapping[str, str], delivery: int) -> None:
-        send_isolated(task_dead_lettered, sender=envelope.task_name, task_id=envelope.task_id,
-                      task_name=envelope.task_name, original_queue=envelope.queue,
-                      dead_letter_queue=dlq, reason=reason, exception=dict(failure),
-                      delivery_count=delivery)
-        if self.events is not None:
-            self.events.dead_lettered(envelope.task_id, envelope.task_name, dlq=dlq, queue=envelope.queue,
-                                      reason=reason, delivery=delivery, exception_type=failure.get("type", ""))

@@ -29,14 +29,12 @@ from celery_dlq import headers as H
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.headers import Reason
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.storage import totals, trends
 from celery_dlq.storage.client import blocking_client, broker_url, listener_client
 from celery_dlq.storage.inflight import InFlight
 from celery_dlq.storage.keys import Keys, Stat
 from celery_dlq.storage.lease import MoverLease
 from celery_dlq.storage.shards import Shard
 from celery_dlq.storage.store import DirectPayload
-from celery_dlq.storage.totals import Metric
 from celery_dlq.worker.config import Config
 from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.fetch_listener import FetchListener
@@ -302,17 +300,9 @@ class MoverThread(threading.Thread):
             shard.store.release(entry, due=retry_at)
 
     def _count(self, shard: Shard, published: list[Envelope]) -> None:
-        """``redelivered_total`` per queue and task for what the publish path moved (never raises)."""
+        """``redelivered_total`` and the trends for what the publish path moved (never raises)."""
         try:
-            counts = Counter((envelope.queue, envelope.task_name or "") for envelope in published)
-            pipe = self.redis.client.pipeline(transaction=False)
-            per_queue: Counter = Counter()
-            for (queue, task), n in counts.items():
-                totals.incr(pipe, shard.keys, Metric.REDELIVERED, n, queue=queue, task=task)
-                per_queue[queue] += n
-            for queue, n in per_queue.items():
-                shard.store.trend(pipe, trends.series("redelivered", queue), n)
-            pipe.execute()
+            shard.store.count_redelivered(Counter((envelope.queue, envelope.task_name or "") for envelope in published))
         except Exception:
             logger.exception("celery-dlq mover: could not count %d redelivered message(s)", len(published))
 

@@ -118,7 +118,7 @@ class Retention:
         pages = {key: page for key, (_, page) in read.items()}
         excess = max(0, sum(lengths.values()) - max_length) if max_length is not None else 0
         taken: Counter = Counter()
-        victims = []
+        victims: list[tuple[str, bytes, str]] = []
         for at, key, raw in heapq.merge(*(_oldest_first(key, pages[key]) for key in keys)):
             if len(victims) >= most:
                 break
@@ -136,8 +136,8 @@ class Retention:
 
     def _fail_chords(self, dlq: str, raws: list[bytes], why: str) -> None:
         """A chord waiting for a trimmed letter fails now, as on a purge (redis/chords.py)."""
-        members = [(headers.get("id"), headers.get("task")) for headers in (decode_raw(raw).headers for raw in raws)
-                   if headers.get("group") and headers.get("id")]
+        members = [(str(headers["id"]), str(headers.get("task") or "")) for headers in
+                   (decode_raw(raw).headers for raw in raws) if headers.get("group") and headers.get("id")]
         if members:
             fail_purged(self.chords, self.app, members, dlq=dlq, why=f"dropped by retention ({why})")
 

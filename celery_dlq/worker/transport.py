@@ -92,7 +92,7 @@ from celery_dlq.worker.fetch_wait import (
     marker_wait,
     wait_text,
 )
-from celery_dlq.worker.rejects import reject, release_quarantine
+from celery_dlq.worker.rejects import Rejects
 from celery_dlq.worker.transport_setup import OPTION_FETCH, FetchContext
 
 logger = logging.getLogger(__name__)
@@ -168,7 +168,6 @@ class Channel(kombu_redis.Channel):
         self._dlq_ours: set[str] = set()   # tags fetch.lua recorded in flight that the QoS holds
         self._dlq_key_cache: dict[tuple[str, ...], tuple[list[str], list[str], list[str]]] = {}
         self._dlq_consumer = process.consumer_id()
-        self._dlq_lease = context.inflight_lease
         self._dlq_beat_sent: float | None = None
         self._dlq_moves = context.moves
         self._dlq_wait = context.wait
@@ -185,11 +184,12 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)
         self._dlq_keys = Keys(context.key_prefix, self.global_keyprefix)   # full names, for scripts
         self._dlq_plain = redis.Redis(connection_pool=self.pool)  # no key prefixing: scripts get full names
-        self._dlq_scripts = Scripts(self._dlq_plain)
         self._dlq_fetch_sha = self._dlq_plain.script_load(script_source("fetch"))
         self._dlq_wake_key = self._dlq_keys.fetch_wake(f"{self._dlq_consumer}:{uuid()[:8]}")
         self._dlq_inflight = InFlight(self._dlq_plain, self._dlq_keys)
         self._dlq_inflight_key = self._dlq_keys.inflight(self._dlq_consumer)
+        self._dlq_rejects = Rejects(Scripts(self._dlq_plain), self._dlq_keys, self.global_keyprefix or "",
+                                    self.ack_keys(), self._dlq_consumer, self.fetch_context)
         process.opened(self)
 
     # -- fetch ------------------------------------------------------------------
@@ -220,7 +220,7 @@ class Channel(kombu_redis.Channel):
         register = "1" if marked and clock - self._dlq_registered_at >= REGISTER_EVERY else ""
         if register:
             self._dlq_registered_at = clock
-        beat = process.beat_is_due(self._dlq_lease)
+        beat = process.beat_is_due(self.fetch_context.inflight_lease)
         self._dlq_beat_sent = clock if beat else None
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys),
                                 self._dlq_consumer if beat else "", len(marked), int(now * 1000), register, *marked,
@@ -306,8 +306,8 @@ class Channel(kombu_redis.Channel):
             process.beaten(self._dlq_beat_sent)
         queue = self._queue_of_key(keys[int(index) - 1])
         if status == "quarantined":
-            release_quarantine(self, queue, element, "not a kombu message (not a JSON object with "
-                                                     "properties, delivery_tag and delivery_info)")
+            self._dlq_rejects.release_quarantine(queue, element, "not a kombu message (not a JSON object with "
+                                                                 "properties, delivery_tag and delivery_info)")
             raise kombu_redis.Empty()
         tag = bytes_to_str(tag)
         try:
@@ -317,7 +317,7 @@ class Channel(kombu_redis.Channel):
         else:
             error = envelope_error(message)
         if error:
-            reject(self, queue, element, tag, error)
+            self._dlq_rejects.reject(queue, element, tag, error)
             raise kombu_redis.Empty()
         if status == "again":   # given back by a lost consumer: a redelivery, counted as kombu's restores are
             message["properties"]["delivery_info"]["redelivered"] = True

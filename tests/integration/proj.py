@@ -61,6 +61,9 @@ if os.environ.get("DLQ_TEST_WEBHOOK"):   # tests/integration/test_webhook.py: th
     WebhookNotifier(os.environ["DLQ_TEST_WEBHOOK"], timeout=5.0).connect()
 
 _client = None
+#: What ``task_dead_lettered`` carries, kept by the receiver below (tests/integration/test_recorded.py).
+SIGNAL_FIELDS = ("task_id", "task_name", "original_queue", "dead_letter_queue", "reason", "exception",
+                 "delivery_count")
 
 
 def client() -> redis.Redis:
@@ -68,6 +71,13 @@ def client() -> redis.Redis:
     if _client is None:
         _client = redis.Redis.from_url(STORE)
     return _client
+
+
+if os.environ.get("DLQ_TEST_SIGNALS"):   # every task_dead_lettered the worker sends, kept in <prefix>:signals
+    @celery_dlq.task_dead_lettered.connect(weak=False)
+    def _keep_dead_lettered(sender=None, **kwargs):
+        client().rpush(f"{PREFIX}:signals",
+                       json.dumps({"sender": sender, **{name: kwargs.get(name) for name in SIGNAL_FIELDS}}))
 
 
 def record(task, **extra) -> int:

@@ -53,7 +53,7 @@ def test_a_dead_letter_sends_task_dead_lettered(setup):
     app, client, keys, envelope = setup
     dispatcher = Dispatcher()
     letterer = letterer_for(app, client, keys)
-    letterer.events = events_for(app, dispatcher)
+    letterer.recorder.events = events_for(app, dispatcher)
     dead_letter(letterer, envelope)
     assert dispatcher.sent == [(DEAD_LETTERED, {
         "uuid": envelope.task_id, "name": "t.x", "dlq": f"DLQ.{envelope.queue}", "queue": envelope.queue,
@@ -66,7 +66,7 @@ def test_a_dropped_message_sends_it_with_no_dlq(setup):
     app, client, keys, envelope = setup
     dispatcher = Dispatcher()
     letterer = letterer_for(app, client, keys)
-    letterer.events = events_for(app, dispatcher)
+    letterer.recorder.events = events_for(app, dispatcher)
     dead_letter(letterer, envelope, policy=RedeliveryPolicy(dead_letter=False))
     ((type_, fields),) = dispatcher.sent
     assert (type_, fields["dlq"], fields["reason"]) == (DEAD_LETTERED, None, "max_delivery_attempts")
@@ -75,7 +75,7 @@ def test_a_dropped_message_sends_it_with_no_dlq(setup):
 def test_a_failing_dispatcher_loses_nothing(setup, caplog):
     app, client, keys, envelope = setup
     letterer = letterer_for(app, client, keys)
-    letterer.events = events_for(app, Dispatcher(fails=True))
+    letterer.recorder.events = events_for(app, Dispatcher(fails=True))
     with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.task_events"):
         assert dead_letter(letterer, envelope) == f"DLQ.{envelope.queue}"
     assert client.llen(f"DLQ.{envelope.queue}") == 1
@@ -94,7 +94,7 @@ def test_outside_a_worker_dead_letters_go_out_without_events(setup):
     """A process with no consumer (a script calling the runtime) has no dispatcher: nothing to send, no error."""
     app, client, keys, envelope = setup
     letterer = letterer_for(app, client, keys)
-    letterer.events = TaskEvents(app)
+    letterer.recorder.events = TaskEvents(app)
     assert dead_letter(letterer, envelope) == f"DLQ.{envelope.queue}"
     assert client.llen(f"DLQ.{envelope.queue}") == 1
 
