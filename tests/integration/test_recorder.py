@@ -43,6 +43,7 @@ from celery_dlq.worker.recorder import Recorder
 from celery_dlq.worker.rejects import Rejects
 from celery_dlq.worker.request import RedeliveryRequest
 from celery_dlq.worker.runtime import Runtime
+from celery_dlq.worker.transport_setup import FetchContext
 
 PACKAGE = Path(celery_dlq.__file__).parent
 #: The recorder's own method (the fixture puts a stub in its place).
@@ -71,6 +72,11 @@ class World:
         self.keys = Keys(self.prefix)
         self.signals: list[dict] = []
         self.calls: list[tuple[tuple, dict]] = []
+
+    @property
+    def context(self) -> FetchContext:
+        """A fetch channel's context, made when a path needs it (tests change the conf first)."""
+        return FetchContext.of(self.runtime.config, self.runtime.redis, self.runtime.fetch_moved)
 
     def message(self, name: str = "rec.task", delivery: int = 3, **headers) -> Message:
         task_id = f"id-{name}-{delivery}-{len(self.calls)}"
@@ -145,43 +151,43 @@ def _discarded(world: World, reason: str) -> None:
     c = SimpleNamespace(app=world.app, hostname="w@test")
     name = "rec.nothing" if reason == Reason.UNKNOWN_TASK else "rec.task"
     message = world.message(name=name, delivery=1)
-    dead_letter_first(world.runtime, c, lambda *a: None, reason, body_first=True)(message.body, message, KeyError(name))
+    dead_letter_first(world.runtime.config, world.runtime.redis, c, lambda *a: None, reason, body_first=True)(message.body, message, KeyError(name))
 
 
 def _fetched_invalid(world: World) -> None:
     keys, consumer = world.keys, "c1"
     world.client.hset(keys.inflight(consumer), "t1", b"x")
-    rejects = Rejects(Scripts(world.client), keys, "", [keys.inflight(consumer)], "w@test", world.runtime)
+    rejects = Rejects(Scripts(world.client), keys, "", [keys.inflight(consumer)], "w@test", world.context)
     rejects.reject(world.queue, b"not json", "t1", "not JSON")
 
 
 def _quarantined(world: World) -> None:
     world.client.lpush(world.keys.quarantine(world.queue), b"\x00junk")
-    rejects = Rejects(Scripts(world.client), world.keys, "", [world.keys.inflight("c1")], "w@test", world.runtime)
+    rejects = Rejects(Scripts(world.client), world.keys, "", [world.keys.inflight("c1")], "w@test", world.context)
     rejects.release_quarantine(world.queue, b"\x00junk", "not a kombu message")
 
 
 def _expired_while_parked(world: World) -> None:
     message = world.message(delivery=2, expires="2000-01-01T00:00:00+00:00")
     envelope = Envelope.from_message(message, world.queue)
-    store = world.runtime.store
+    store = world.runtime.redis().store
     store.park(f"{envelope.task_id}:2", envelope.dumps(), world.queue, due=0.0)
     (claimed,) = store.claim_due()
-    MoverThread(world.app, world.runtime, "w@test")._dead_letter_expired(world.runtime.sharded.home,
-                                                                         [(claimed, envelope)])
+    mover = MoverThread(world.app, world.runtime.config, world.runtime.redis(), "w@test")
+    mover._dead_letter_expired(world.runtime.redis().sharded.home, [(claimed, envelope)])
 
 
 def _forged_count(world: World) -> None:
     message = world.message(delivery=1)
-    ctx = world.runtime.context(world.task, message)
-    strategy._dead_letter_invalid(world.runtime, world.task, message, ctx, "w@test", "forged delivery count")
+    ctx = world.runtime.config.context(world.task, message)
+    strategy._dead_letter_invalid(world.runtime.redis(), world.task, message, ctx, "w@test", "forged delivery count")
 
 
 def _lost_before_reporting(world: World) -> None:
     message = world.message(delivery=3)
     message.delivery_info["redelivered"] = True   # restored after its worker died: counted past the limit
-    ctx = world.runtime.context(world.task, message)
-    assert strategy._count_or_dead_letter(world.runtime, world.task, message, ctx, "w@test")
+    ctx = world.runtime.config.context(world.task, message)
+    assert strategy._count_or_dead_letter(world.runtime.redis(), world.task, message, ctx, "w@test")
 
 
 PATHS = {
@@ -214,7 +220,7 @@ def test_each_path_hands_its_letter_to_the_recorder_which_alone_records_it(world
     assert world.recorded(reason) == nothing, "the path wrote no record of its own"
     (args, kwargs) = world.calls[0]
     kwargs.pop("pipe", None)
-    _REAL_RECORD(world.runtime.deadletterer.recorder, *args, **kwargs)
+    _REAL_RECORD(world.runtime.redis().deadletterer.recorder, *args, **kwargs)
     assert world.recorded(reason) == {"stats": 1, "metric": 1, "trend": 1, "archive": 1, "signals": [reason]}
 
 

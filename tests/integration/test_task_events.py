@@ -15,7 +15,7 @@ from celery_dlq import RedeliveryPolicy
 from celery_dlq.worker.task_events import DEAD_LETTERED, TaskEvents, failed_exception
 from celery_dlq.message import Envelope
 from celery_dlq.storage.keys import Keys
-from tests.unit.test_deadletter import dead_letter, letterer_for
+from tests.integration.test_deadletter import dead_letter, letterer_for
 
 
 @pytest.fixture

@@ -29,11 +29,11 @@ def one_place_rows(text: str) -> list[tuple[str, set[str], str]]:
     section = text.split("## One place for each", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))] if line.startswith("|") else []
         if len(cells) != 3 or cells[0] in ("what", "") or set(cells[0]) <= {"-"}:
             continue
         places = set(re.findall(r"`([\w/]+\.py)`", cells[1]))
-        (pattern,) = re.findall(r"`([^`]+)`", cells[2])
+        (pattern,) = re.findall(r"`([^`]+)`", cells[2].replace("\\|", "|"))
         rows.append((cells[0].split(" (")[0], places, pattern))
     return rows
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import grimp
@@ -74,18 +73,6 @@ def test_no_module_is_over_400_lines():
     sizes = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     assert len(sizes) > 30
     assert {name: n for name, n in sizes.items() if n > 400} == {}
-
-
-def test_the_operator_api_installs_no_worker_bootsteps(redis_server):
-    from celery_dlq.ops import Operator
-
-    app = Celery("ops-only", broker=redis_server.url, set_as_current=False)
-    app.conf.task_default_queue = queue = f"ops-only-{uuid.uuid4().hex}"   # the server is shared with other tests
-    operator = Operator(app)
-    rows = {info.name: info.dead_letters for info in operator.queues()}
-    assert rows[f"DLQ.{queue}"] == 0                                       # configured, empty
-    assert app.steps["consumer"] == set()
-    assert "_celery_dlq" not in app.__dict__
 
 
 def test_install_hands_its_runtime_to_the_bootsteps():

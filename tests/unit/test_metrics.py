@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import threading
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
-from celery_dlq.exporter import DLQCollector, scrape_operator, serve
+from celery_dlq.exporter import DLQCollector, scrape_operator
 from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.operator import Operator
 from celery_dlq.storage.archive import EventLog
@@ -464,22 +463,6 @@ def test_the_cli_loads_without_prometheus_client():
     code = ("import sys, celery_dlq.cli; from celery_dlq.cli.base import dlq; "
             "assert 'exporter' in dlq.commands; assert 'prometheus_client' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
-
-
-
-def test_serve_answers_on_the_address_it_bound_until_closed(redis_server, unique):
-    app = Celery("served", broker=redis_server.url, set_as_current=False)
-    app.conf.update(task_default_queue=f"q{unique}", dlq_key_prefix=f"s{unique}")
-    running = serve(app, port=0)
-    try:
-        host, port = running.address
-        assert host == "127.0.0.1" and port > 0
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        assert f'celery_dlq_dead_letters{{dlq="DLQ.q{unique}",queue="q{unique}"}} 0.0' in text
-    finally:
-        running.close()
-    assert not running.thread.is_alive()
 
 
 def test_a_sharded_store_is_scraped_as_one(any_redis, unique):

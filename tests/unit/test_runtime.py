@@ -28,7 +28,7 @@ def test_a_runtime_connects_nothing_until_used_and_then_once_per_process():
     assert runtime.redis._made is None
     redis = runtime.redis()
     assert isinstance(redis, Connections) and runtime.redis() is redis
-    assert redis.deadletterer.events is runtime.events and runtime.parking.redis is runtime.redis
+    assert redis.deadletterer.recorder.events is runtime.events and runtime.parking.redis is runtime.redis
 
 
 def test_the_bind_consumer_step_lends_the_consumer_to_the_request_and_the_task_events():

@@ -5,7 +5,6 @@ Time is never slept through: every call gets ``now=`` or a fake clock.
 from __future__ import annotations
 
 import random
-import threading
 import uuid
 from collections import Counter
 
@@ -329,38 +328,6 @@ def test_client_that_decodes_responses_is_rejected():
 
 
 # -- concurrency (real server) -------------------------------------------------
-
-def test_concurrent_claimers_claim_each_entry_exactly_once(real_redis):
-    store = make_store(real_redis)
-    try:
-        for i in range(1000):
-            store.park(f"e{i}", b"p", f"q{i % 5}", due=T0)
-        claimed_by: list[list[str]] = [[] for _ in range(4)]
-        failed_acks: list[str] = []
-        barrier = threading.Barrier(4)
-
-        def mover(n: int) -> None:
-            mine = ParkedStore(real_redis, store.keys, clock=FakeClock())
-            barrier.wait()
-            while batch := mine.claim_due(limit=7, lease=600, now=T0):
-                for claimed in batch:
-                    claimed_by[n].append(claimed.entry_id)
-                    if not mine.ack(claimed):
-                        failed_acks.append(claimed.entry_id)
-
-        threads = [threading.Thread(target=mover, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        all_claims = [e for ids in claimed_by for e in ids]
-        assert failed_acks == []
-        assert sorted(all_claims) == sorted(f"e{i}" for i in range(1000))
-        assert store.count() == 0
-        assert store.counts_by_queue() == {}
-        assert raw_state(store)["payloads"] == {}
-    finally:
-        drop_keys(store)
 
 
 # -- random interleavings against a model --------------------------------------

@@ -16,7 +16,7 @@ from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
 from celery_dlq.worker.deadletter import DeadLetterer
-from tests.unit.test_groups import World
+from tests.integration.test_group_index import World
 from tests.unit.test_web import client
 
 T0 = 1_800_000_000.0   # a whole hour: 500,000 hours

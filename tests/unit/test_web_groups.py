@@ -17,7 +17,7 @@ from celery_dlq.storage.keys import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
 from celery_dlq.worker.deadletter import DeadLetterer
-from tests.unit.test_groups import World, assert_exact
+from tests.integration.test_group_index import World, assert_exact
 from tests.unit.test_web import CSRF, client, ids_on, run_job
 
 CHARGE = group_id("shop.charge", "KeyError", "'x'")

@@ -1,0 +1,62 @@
+"""Whose turn it is to move, on a real redis-server: the lease's holder, renewals, takeover, and the park wake."""
+from __future__ import annotations
+
+import time
+
+import redis
+
+from celery_dlq.storage.lease import VERIFY_EVERY
+from celery_dlq.storage.store import ParkedStore
+from tests.unit.test_mover_turns import held, keys, lease  # noqa: F401  (fixtures and helpers)
+
+
+def test_the_holder_renews_every_beat_where_the_lease_has_no_interval_to_spare(redis_server, keys):
+    a = lease(redis_server, keys, "a", ttl=6.0, interval=2.0)     # 4 s to live: two beats would leave none
+    assert a.beat()
+    a.client.pexpire(keys.mover_lease, 1_000)
+    assert a.beat() and a.client.pttl(keys.mover_lease) > 3_900
+
+
+def test_the_first_to_beat_holds_the_lease_and_whoever_beats_next_takes_it_when_it_expires(redis_server, keys):
+    a, b, c = (lease(redis_server, keys, name) for name in "abc")
+    assert a.beat() and not b.beat() and not c.beat()
+    for _ in range(2 * VERIFY_EVERY):
+        assert a.beat()                                           # renewed (PEXPIRE, and the script in turn)
+    assert 7_900 < a.client.pttl(keys.mover_lease) <= 8_000      # dlq_mover_lease - one interval
+    a.client.pexpire(keys.mover_lease, 5_000)
+    assert a.beat() and a.client.pttl(keys.mover_lease) <= 5_000   # every second beat renews (10 s >= 4 x 2 s)
+    assert a.beat() and a.client.pttl(keys.mover_lease) > 7_900
+    a.client.delete(keys.mover_lease)                             # the holder died and its lease expired
+    assert c.beat() and not b.beat()                              # any survivor, whoever beats first
+    c.release()
+    assert c.client.get(keys.mover_lease) is None and not c.held
+    assert b.beat()                                               # a stopping holder hands over at once
+
+
+def test_a_holder_that_lost_its_lease_to_another_finds_out_at_its_next_check(redis_server, keys):
+    a, b = lease(redis_server, keys, "a"), lease(redis_server, keys, "b")
+    assert a.beat()
+    a.client.set(keys.mover_lease, "b", px=8_000)                 # a stalled past its lease; b took it
+    b.held = True
+    results = [a.beat() for _ in range(VERIFY_EVERY)]   # the eighth beat verifies
+    assert results[-1] is False and not a.held                    # the script says so
+    assert a.client.get(keys.mover_lease) == b"b"                 # and a never took b's lease
+    a.release()
+    assert a.client.get(keys.mover_lease) == b"b"                 # nor gives it up
+
+
+def test_a_park_wakes_the_mover_only_when_it_is_the_earliest_due(redis_server, keys):
+    client = redis.Redis.from_url(redis_server.url)
+    store = ParkedStore(client, keys)
+    store.park("x:2", b"{}", "q", time.time() + 60)
+    assert client.zcard(keys.due_wake) == 1                    # the first entry is the earliest
+    client.delete(keys.due_wake)
+    store.park("y:2", b"{}", "q", time.time() + 120)
+    assert client.zcard(keys.due_wake) == 0                    # a later one: the mover's wait stands
+    store.park("z:2", b"{}", "q", time.time() + 30)
+    assert client.zcard(keys.due_wake) == 1
+    client.delete(keys.due_wake)
+    store.redeliver_now("y:2")
+    assert client.zcard(keys.due_wake) == 1                    # an operator's "now" wakes it too
+
+
