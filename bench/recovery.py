@@ -27,7 +27,11 @@ start (``time.time()`` in the pool child) minus the kill's.
    workers per side, celery-dlq, plain Celery and Celery acks_late, six
    servers in the same windows: ``--rounds`` of an idle window (from 35 s
    after the workers waited) then a busy one (each worker running one long
-   task; ``worker_prefetch_multiplier = 1``).
+   task; ``worker_prefetch_multiplier = 1``). ``--before DIR`` adds the
+   side ``dlq_before``: celery-dlq as an earlier commit had it (``DIR`` holds
+   its ``celery_dlq`` package: ``git archive <commit> celery_dlq | tar -x -C
+   DIR``), in the same windows, so a change is measured before and after in
+   one run.
 """
 from __future__ import annotations
 
@@ -61,7 +65,9 @@ BLOCKING, OWN = ("brpop", "bzpopmin", "blmove"), ("info", "blpop")   # OWN: the 
 ONE = json.dumps({"worker_prefetch_multiplier": 1})
 VIS60 = json.dumps({"broker_transport_options": {"visibility_timeout": VIS}})
 SCAN = Channel.unacked_restore_interval * Channel.unacked_restore_throttle
-COST_SIDES = ("dlq", "celery", "celery_late")
+COST_SIDES = ["dlq", "celery", "celery_late"]   # + "dlq_before" with --before
+#: ``--before``: the directory holding an earlier commit's ``celery_dlq`` package.
+BEFORE: str | None = None
 #: Plain Celery's pairs and celery-dlq's live pairs: (label, mode, BENCH_CONF, pairs; 1 each with --quick).
 PLAN = (("celery 3600", "celery_late", None, 3), ("celery 60", "celery_late", VIS60, 6),
         ("live celery 60", "celery_late", VIS60, 4), ("live dlq", "dlq", None, 4))
@@ -73,6 +79,8 @@ class Cell:
     """One redis-server and ``size`` workers of ``mode`` consuming ``QUEUE``, prefix ``name``."""
 
     def __init__(self, name: str, mode: str, size: int, conf: str | None = None) -> None:
+        self.package = BEFORE if mode == "dlq_before" else None
+        mode = "dlq" if mode == "dlq_before" else mode
         self.name, self.mode, self.conf, self.spawned = name, mode, conf, 0
         self.server = RedisServer().start()
         self.client = redis.Redis.from_url(self.server.url, decode_responses=True)
@@ -82,7 +90,7 @@ class Cell:
     def spawn(self) -> BenchWorker:
         self.spawned += 1
         return BenchWorker(self.server.url, QUEUE, self.mode, self.name, concurrency=1, conf=self.conf,
-                           name=f"{self.name}w{self.spawned}@%h")
+                           name=f"{self.name}w{self.spawned}@%h", package=self.package)
 
     def waiting(self) -> set[int]:
         """Pids of this cell's workers with a pool child and a connection blocked on a fetch."""
@@ -355,12 +363,14 @@ def report_cost(cost: dict, ns: list[int]) -> None:
                 continue
             mid = {side: median(v) for side, v in got.items()}
             top = sorted(cost[(n, state, "dlq")][0][1].items(), key=lambda kv: -kv[1])[:6]
+            before = [f"{mid['dlq'] / mid['dlq_before']:.2f}x"] if "dlq_before" in mid else []
             rows.append([n, state, *(f"{mid[s]:.2f} ({min(got[s]):.2f}-{max(got[s]):.2f})" for s in COST_SIDES),
-                         f"{mid['dlq'] / mid['celery']:.2f}x", f"{mid['dlq'] / mid['celery_late']:.2f}x",
+                         f"{mid['dlq'] / mid['celery']:.2f}x", f"{mid['dlq'] / mid['celery_late']:.2f}x", *before,
                          ", ".join(f"{k} {v:.2f}" for k, v in top)])
     print("\n3. Redis commands/s per worker, median of the rounds (min-max), every side in the same windows:")
-    print_table(["N", "state", "celery-dlq", "plain Celery", "Celery acks_late", "dlq/Celery", "dlq/acks_late",
-                 "celery-dlq by command (first round)"], rows)
+    print_table(["N", "state", "celery-dlq", "plain Celery", "Celery acks_late",
+                 *(["celery-dlq before"] if "dlq_before" in COST_SIDES else []), "dlq/Celery", "dlq/acks_late",
+                 *(["dlq/before"] if "dlq_before" in COST_SIDES else []), "celery-dlq by command (first round)"], rows)
 
 
 def main() -> None:
@@ -371,12 +381,19 @@ def main() -> None:
     p.add_argument("--window", type=float, default=None, help="cost window (s; default 40, 10 with --quick)")
     p.add_argument("--rounds", type=int, default=None, help="cost rounds (default 3; 1 with --quick)")
     p.add_argument("--cost-only", action="store_true", help="only the heartbeats' cost (part 3)")
+    p.add_argument("--before", default=None, help="a directory holding an earlier celery_dlq package (part 3)")
+    p.add_argument("--sizes", default="1,4", help="comma-separated N of part 3 (default 1,4)")
     args = p.parse_args()
+    global BEFORE
+    if args.before:
+        BEFORE = args.before
+        COST_SIDES.append("dlq_before")
+    sizes = [int(n) for n in args.sizes.split(",")]
     cells, kills = args.cells or (2 if args.quick else 4), args.kills or (4 if args.quick else 20)
     window, rounds = args.window or (10.0 if args.quick else 40.0), args.rounds or (1 if args.quick else 3)
     print(machine(), flush=True)
     if args.cost_only:
-        report_cost(cost_phase([1, 4], rounds, window), [1, 4])
+        report_cost(cost_phase(sizes, rounds, window), sizes)
         return
     pairs = ", ".join(f"{1 if args.quick else n} {label}" for label, *_, n in PLAN)
     print(f"celery-dlq: {kills} kills in {cells} groups of 3 workers at once, then {cells} same-host restarts one "
@@ -390,11 +407,11 @@ def main() -> None:
     threads(dlq_cell_run, [(i, kills // cells + (i < kills % cells), out) for i in range(cells)])
     plain.join()
     print(f"kills done ({time.monotonic() - began:.0f} s); cost windows ...", flush=True)
-    cost = cost_phase([1, 4], rounds, window)
+    cost = cost_phase(sizes, rounds, window)
     print(f"done ({time.monotonic() - began:.0f} s)")
     report_kills(out["kills"], out["same_host"])
     report_celery(out["kills"], out["pairs"], args.celery_cap)
-    report_cost(cost, [1, 4])
+    report_cost(cost, sizes)
     for text in anomalies:
         print(f"\nSUSPICIOUS: {text}")
 

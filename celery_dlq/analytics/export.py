@@ -336,7 +336,7 @@ def export_app(app: Any, out: str, *, snapshot: bool = False, now: float | None 
     installs nothing on the app.
     """
     operator = Operator(app)
-    result = export_store(operator.client, operator.store, out)
+    result = export_store(operator.client, operator.sharded, out)
     if not snapshot:
         return result
     rows, path = export_snapshot(dlq_contents(operator), out, now=now)

@@ -68,11 +68,11 @@ class Backend:
         self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
         #: Every shard of the store (``dlq_store_shards``); ``keys``/``archive`` are the home set's,
         #: where what the operator does (replays, purges) is counted and archived.
-        self.store = ShardedStore(self.client, shards_of(self.settings),
+        self.sharded = ShardedStore(self.client, shards_of(self.settings),
                                   events_max_length=self.settings.events_max_length, clock=clock)
-        self.keys = self.store.home.keys
-        self.archive = self.store.home.archive
-        self.parked = ParkedRetries(self.store)
+        self.keys = self.sharded.home.keys
+        self.archive = self.sharded.home.archive
+        self.parked = ParkedRetries(self.sharded)
         #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
         self.chords = ChordLedger(self.client, self.keys)
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
@@ -142,7 +142,7 @@ class Backend:
         for letter in letters:
             task_id, tag = letter.task_id, letter.properties.get("delivery_tag")
             if task_id:
-                keys = self.store.of(task_id).keys
+                keys = self.sharded.of(task_id).keys
                 by_shard.setdefault(keys.base, []).extend((
                     keys.delivery_count(task_id), keys.delivery_count(f"{task_id}:{tag}"),
                     keys.audit(task_id, letter.delivery_count or 1)))

@@ -91,7 +91,7 @@ class Operator(Backend):
             if self.depth(name):
                 return DeadLetterQueue(self, name)
             raise UnknownQueue(f"{name!r} is empty: nothing was quarantined from that queue")
-        shapes, configured = self._configured(self.parked.store.counts_by_queue())
+        shapes, configured = self._configured(self.parked.sharded.counts_by_queue())
         for candidate in (name, self.dlq_of(name)):
             if candidate is None:
                 continue
@@ -103,7 +103,7 @@ class Operator(Backend):
 
     def queues(self) -> list[QueueInfo]:
         """Every DLQ found or configured, with its depth and the parked retries of its queues."""
-        by_queue = self.parked.store.counts_by_queue()
+        by_queue = self.parked.sharded.counts_by_queue()
         parked: Counter[str | None] = Counter()
         for queue, n in by_queue.items():
             parked[self.dlq_of(queue)] += n
@@ -157,18 +157,18 @@ class Operator(Backend):
 
     def trends(self) -> trends.Trends:
         """Dead-lettered, parked and redelivered per minute (last hour) and per hour (last week), every shard."""
-        return trends.read(self.client, [shard.keys for shard in self.store.all], self.clock())
+        return trends.read(self.client, [shard.keys for shard in self.sharded.all], self.clock())
 
     def stats(self, rows: list[QueueInfo] | None = None) -> dict[str, int]:
         """The ``stats`` counters, plus what is parked and dead-lettered now (``rows``: :meth:`queues`, if read)."""
-        counters = self.store.stats()
-        counters["parked_now"] = self.parked.store.count()
+        counters = self.sharded.stats()
+        counters["parked_now"] = self.parked.sharded.count()
         counters["dead_letters_now"] = sum(info.dead_letters for info in (self.queues() if rows is None else rows))
         return dict(sorted(counters.items()))
 
     def totals(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
         """The exporter's counters (:data:`Metric`), every shard summed: ``(metric, labels) -> value``."""
-        return totals.read(self.client, self.store.shards.all)
+        return totals.read(self.client, self.sharded.shards.all)
 
     def details(self, letter: DeadLetter) -> dict:
         """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.

@@ -69,11 +69,11 @@ DUE_BUCKETS = ("overdue", "< 1 min", "1-5 min", "5-15 min", "15-60 min", "1-6 h"
 class ParkedRetries:
     """The parked store as an operator sees it (Sidekiq's ``RetrySet``), by entry or task id."""
 
-    def __init__(self, store: ShardedStore) -> None:
-        self.store = store
+    def __init__(self, sharded: ShardedStore) -> None:
+        self.sharded = sharded
 
     def entries(self, queue: str | None = None, limit: int | None = None) -> Iterator[ParkedRetry]:
-        for n, entry in enumerate(self.store.entries(queue)):
+        for n, entry in enumerate(self.sharded.entries(queue)):
             if limit is not None and n >= limit:
                 return
             yield ParkedRetry.from_entry(entry)
@@ -83,15 +83,15 @@ class ParkedRetries:
         later (the entries being delivered right now, leased, are not waiting and not counted)."""
         edges = [-float("inf"), 0, 60, 300, 900, 3600, 6 * 3600, 24 * 3600, float("inf")]
         ms = [int((now + e) * 1000) if abs(e) != float("inf") else (-2**62 if e < 0 else 2**62) for e in edges]
-        return list(zip(DUE_BUCKETS, self.store.due_counts(ms)))
+        return list(zip(DUE_BUCKETS, self.sharded.due_counts(ms)))
 
     def count(self) -> int:
         """Parked retries, waiting or being delivered, every shard."""
-        return self.store.count()
+        return self.sharded.count()
 
     def counts_by_queue(self) -> dict[str, int]:
         """Queue -> its parked retries (one ``HGETALL`` per shard)."""
-        return self.store.counts_by_queue()
+        return self.sharded.counts_by_queue()
 
     def overdue(self, now: float, older_than: float, sample: int) -> Overdue:
         """Parked retries (or leases) more than ``older_than`` seconds past due: no mover is moving them.
@@ -99,23 +99,23 @@ class ParkedRetries:
         ``total`` is exact; at most ``sample`` of them per shard are attributed
         to their queue (the store keeps no per-queue index by time).
         """
-        total, by_queue = self.store.overdue(to_ms(now - older_than), sample)
+        total, by_queue = self.sharded.overdue(to_ms(now - older_than), sample)
         return Overdue(total, by_queue)
 
     def find(self, ident: str) -> list[str]:
         """Entry ids for an entry id, or for every entry of a task id."""
-        if self.store.get(ident) is not None:
+        if self.sharded.get(ident) is not None:
             return [ident]
         return [retry.entry_id for retry in self.entries() if retry.task_id == ident]
 
     def redeliver_now(self, ident: str | None = None) -> int:
         """Make one entry (or a task's entries), or every parked entry, due now."""
         if ident is None:
-            return self.store.redeliver_now()
-        return sum(self.store.redeliver_now(entry_id) for entry_id in self.find(ident))
+            return self.sharded.redeliver_now()
+        return sum(self.sharded.redeliver_now(entry_id) for entry_id in self.find(ident))
 
     def delete(self, ident: str, *, force: bool = False) -> int:
         """Delete a parked retry (or a task's) for good: its message is gone, so ``force=True`` is required."""
         if not force:
             raise ForceRequired(f"deleting parked retry {ident!r} loses the message: pass force=True")
-        return sum(self.store.remove(entry_id) for entry_id in self.find(ident))
+        return sum(self.sharded.remove(entry_id) for entry_id in self.find(ident))

@@ -104,7 +104,7 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
     failing = [harness.send("proj.always_fails", args=(n,)).id for n in range(2)]
     parked = harness.send("proj.park_long").id
     harness.wait_until(lambda: len(harness.dead_letters()) == 5, message="5 dead letters")
-    harness.wait_until(lambda: ops.parked.store.count() == 1, message="a parked retry")
+    harness.wait_until(lambda: ops.parked.sharded.count() == 1, message="a parked retry")
     server = WebServer(harness)
     try:
         dlq, driver = f"DLQ.{harness.queue}", browser
@@ -170,7 +170,7 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         # proj.park_long fails again on its 2nd (last) delivery: redelivered now, it is dead-lettered now.
         harness.wait_until(lambda: [m["headers"]["id"] for m in harness.dead_letters()] == [failing[1], parked],
                            timeout=30, message="the redelivered retry to run and be dead-lettered")
-        assert ops.parked.store.count() == 0
+        assert ops.parked.sharded.count() == 0
         driver.get(server.url + "/parked")
         assert driver.find_elements(By.CSS_SELECTOR, "tr.retry") == []
         assert PASSWORD not in server.log()

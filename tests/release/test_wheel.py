@@ -32,7 +32,7 @@ def test_the_wheel_installs_in_a_fresh_virtualenv_and_runs_the_demo_and_the_cli(
     assert wheel.name.startswith(f"celery_dlq-{celery_dlq.__version__}-")
     run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], timeout=120)
     names = set(zipfile.ZipFile(wheel).namelist())
-    lua = {p.name for p in (ROOT / "celery_dlq" / "redis" / "lua").glob("*.lua")}
+    lua = {p.name for p in (ROOT / "celery_dlq" / "storage" / "lua").glob("*.lua")}
     assert {Path(n).name for n in names if n.startswith("celery_dlq/storage/lua/")} == lua
     assert "celery_dlq/web/templates/base.html" in names or any(n.startswith("celery_dlq/web/templates/")
                                                                 for n in names)
@@ -49,7 +49,7 @@ def test_the_wheel_installs_in_a_fresh_virtualenv_and_runs_the_demo_and_the_cli(
     where = run([python, "-c", "import celery_dlq, sys; print(celery_dlq.__file__)"], cwd=work, env=env)
     assert str(venv) in where.stdout and str(ROOT) not in where.stdout
     helped = run([venv / "bin" / "celery", "-A", "examples.shop", "dlq", "--help"], cwd=work, env=env, timeout=60)
-    for verb in ("queues", "list", "replay", "purge", "delayed", "stats", "policy", "exporter", "web"):
+    for verb in ("queues", "list", "replay", "purge", "parked", "stats", "policy", "exporter", "web"):
         assert verb in helped.stdout
     demo = run([python, "-m", "examples.demo"], cwd=work, env=env, timeout=300)
     assert "dead-lettered" in demo.stdout.lower() or "DLQ." in demo.stdout

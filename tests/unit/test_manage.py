@@ -145,13 +145,13 @@ def test_queues_count_every_priority_list_and_parked_retries(op, fake, app):
     dead_letter(fake, queue="orders")
     dead_letter(fake, queue="orders", priority=9)
     dead_letter(fake, queue="mail")
-    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
-    op.store.home.store.park("t2:2", Envelope(b"[]", None, None, {}, {}, "", "billing", "billing").dumps(), "billing", T0)
+    op.sharded.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.sharded.home.store.park("t2:2", Envelope(b"[]", None, None, {}, {}, "", "billing", "billing").dumps(), "billing", T0)
     rows = {row.name: row.as_dict() for row in op.queues()}
     assert rows["DLQ.orders"] == {"name": "DLQ.orders", "queue": "orders", "dead_letters": 2, "parked": 1}
     assert rows["DLQ.mail"]["dead_letters"] == 1
     assert rows["DLQ.billing"] == {"name": "DLQ.billing", "queue": "billing", "dead_letters": 0, "parked": 1}
-    assert op.parked.store.client.llen("DLQ.orders") == 1  # LLEN alone would say 1
+    assert op.parked.sharded.client.llen("DLQ.orders") == 1  # LLEN alone would say 1
 
 
 def test_queues_find_configured_shapes_names_and_honour_global_keyprefix(fake):
@@ -485,7 +485,7 @@ def test_purge_needs_force_then_deletes_one_filtered_or_all(op, fake):
 def park(op, task_id: str, due: float, queue: str = "orders") -> None:
     headers = {"id": task_id, "task": "shop.charge", H.DELIVERY_COUNT: 2, H.LAST_EXCEPTION: "ValueError: boom"}
     envelope = Envelope(b"[[], {}, {}]", "application/json", "utf-8", headers, {}, "", queue, queue)
-    op.store.home.store.park(f"{task_id}:2", envelope.dumps(), queue, due)
+    op.sharded.home.store.park(f"{task_id}:2", envelope.dumps(), queue, due)
 
 
 def test_parked_list_redeliver_and_delete(op):
@@ -497,7 +497,7 @@ def test_parked_list_redeliver_and_delete(op):
             ("a:2", "a", "shop.charge", "orders", T0 + 60, 2, "ValueError: boom")]
     assert [r.entry_id for r in op.parked.entries(queue="orders")] == ["a:2"]
     assert op.parked.redeliver_now("a") == 1  # by task id
-    assert op.parked.store.get("a:2").due == T0
+    assert op.parked.sharded.get("a:2").due == T0
     assert op.parked.redeliver_now("nope") == 0
     assert op.parked.redeliver_now() == 1
     with pytest.raises(ForceRequired):

@@ -174,7 +174,7 @@ class Setup:
 
     def park(self, n: int, due: float, queue: str | None = None) -> None:
         for _ in range(n):
-            self.op.store.home.store.park(str(uuid.uuid4()), b"p", queue or self.queue, due=due)
+            self.op.sharded.home.store.park(str(uuid.uuid4()), b"p", queue or self.queue, due=due)
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def overdue(samples: dict) -> dict[str, float]:
 def test_overdue_parked_counts_entries_past_five_mover_intervals(setup):
     s = setup                                     # dlq_mover_interval 2 s: overdue after 10 s
     s.park(1, due=T0 - 60, queue="other")
-    (claimed,) = s.op.store.home.store.claim_due(limit=5, lease=1, now=T0 - 59)   # its mover died: lease ran out
+    (claimed,) = s.op.sharded.home.store.claim_due(limit=5, lease=1, now=T0 - 59)   # its mover died: lease ran out
     s.park(2, due=T0 - 11)
     s.park(1, due=T0 - 9)                         # late, but within five intervals
     s.park(1, due=T0 + 9)
@@ -242,7 +242,7 @@ def test_overdue_parked_counts_entries_past_five_mover_intervals(setup):
     assert overdue(scrape(s.collector)) == {s.queue: 2, "other": 2}
     s.clock.now = T0 - 20                         # the cutoff is T0 - 30: strictly older only
     assert overdue(scrape(s.collector)) == {s.queue: 0, "other": 1}
-    s.op.store.home.store.ack(claimed)
+    s.op.sharded.home.store.ack(claimed)
     s.clock.now = T0 + 100
     assert overdue(scrape(s.collector)) == {s.queue: 4, "other": 1}
 
@@ -428,7 +428,7 @@ def test_on_a_non_redis_broker_only_parked_and_counters_are_reported(any_redis, 
     app = Celery("amqp", broker="amqp://guest:secret@localhost//", set_as_current=False)
     app.conf.update(dlq_redis_url="redis://127.0.0.1:1/0", dlq_key_prefix=f"a{unique}")
     op = Operator(app, client=any_redis, clock=FakeClock())
-    op.store.home.store.park("e1", b"p", f"q{unique}", due=T0 + 60)
+    op.sharded.home.store.park("e1", b"p", f"q{unique}", due=T0 + 60)
     got = scrape(DLQCollector(operator=op, clock=op.clock))
     assert got[("celery_dlq_parked", (("queue", f"q{unique}"),))] == 1
     assert got[("celery_dlq_redis_up", ())] == 1
@@ -469,11 +469,11 @@ def test_a_sharded_store_is_scraped_as_one(any_redis, unique):
     s = Setup(any_redis, unique, dlq_store_shards=3)
     tasks = [f"t{n}" for n in range(12)]
     for n, task_id in enumerate(tasks):
-        shard = s.op.store.of(task_id)
+        shard = s.op.sharded.of(task_id)
         assert shard.store.park(f"{task_id}:2", b"p", s.queue if n % 3 else "other", due=T0 - 60 if n < 4 else T0 + 60)
         incr(s.client, shard.keys, Metric.PARKED, 1, queue=s.queue, task="shop.charge")
-    s.op.store.home.store.park("before-sharding:2", b"p", s.queue, due=T0 + 60)      # still read
-    assert len({s.op.store.shards.index(t) for t in tasks}) == 3                      # every shard holds some
+    s.op.sharded.home.store.park("before-sharding:2", b"p", s.queue, due=T0 + 60)      # still read
+    assert len({s.op.sharded.shards.index(t) for t in tasks}) == 3                      # every shard holds some
     got = scrape(s.collector)
     assert got[("celery_dlq_parked", (("queue", s.queue),))] == 9
     assert got[("celery_dlq_parked", (("queue", "other"),))] == 4

@@ -72,7 +72,7 @@ def test_dead_letters_parks_and_redeliveries_are_counted_and_drawn(world):
     for n in range(4):
         world.fail("shop.charge", "KeyError", f"'user_{n}'")
     world.fail("shop.charge", "ValueError", "x", reason="non_retryable")
-    store = world.op.store.home.store
+    store = world.op.sharded.home.store
     for n in range(3):
         assert store.park(f"p{n}:2", b"payload", "orders", store.clock() + 30 + n * 600)
     store.park("p9:2", b"payload", "payments", store.clock() + 7200)

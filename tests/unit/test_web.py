@@ -189,7 +189,7 @@ def post(c: TestClient, path: str, token: str | None, form: dict, **kw):
 
 def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_nothing(web, fake, op):
     ids = letters(fake, 2)
-    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.sharded.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     c = client(web)
     good = csrf(c)
     form = {"all": "1", "id": ids[0], "entry_id": "t1:2", "user": "alice", "password": "wonder"}
@@ -205,12 +205,12 @@ def test_every_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_no
             assert r.status_code == 403 and "CSRF" in r.text, (path, r.text)
     other = client(web)  # a token is bound to its browser's cookie: another's is refused
     assert other.post("/dlq/DLQ.orders/purge", data=dict(form, csrf_token=good)).status_code == 403
-    assert fake.llen("DLQ.orders") == 2 and op.parked.store.count() == 1
+    assert fake.llen("DLQ.orders") == 2 and op.parked.sharded.count() == 1
 
 
 def test_read_only_hides_and_refuses_every_action(app, op, fake):
     ids = letters(fake, 2)
-    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.sharded.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     web = create_app(app, basic_auth=["alice:wonder"], read_only=True, operator=op)
     c = client(web)
     for page in ("/dlq/DLQ.orders", f"/dlq/DLQ.orders/letters/{ids[0]}", "/parked"):
@@ -222,7 +222,7 @@ def test_read_only_hides_and_refuses_every_action(app, op, fake):
         if action:
             r = post(c, path, token, {"all": "1", "id": ids[0], "entry_id": "t1:2"})
             assert r.status_code == 403 and "read-only" in r.text, path
-    assert fake.llen("DLQ.orders") == 2 and op.parked.store.count() == 1
+    assert fake.llen("DLQ.orders") == 2 and op.parked.sharded.count() == 1
 
 
 # -- pages ---------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_read_only_hides_and_refuses_every_action(app, op, fake):
 def test_overview_shows_each_dlq_depth_queue_parked_oldest_age_and_counters(app, fake, op):
     letters(fake, 3)
     dead_letter(fake, queue="mail")
-    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.sharded.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
     app.conf.broker_url = "redis://:hunter2@127.0.0.1:1/0"
     web = create_app(app, basic_auth=["alice:wonder"], refresh=7, operator=op)
     html = client(web).get("/").text
@@ -406,7 +406,7 @@ def test_replay_of_thousands_runs_in_the_background_with_progress(web, fake):
 
 
 def test_parked_retries_list_redeliver_now_and_delete(web, op, fake):
-    store = op.store.home.store
+    store = op.sharded.home.store
     letter = dead_letter(fake, task="shop.charge")
     for n in (1, 2):
         env = Envelope(b"[]", None, None, dict(letter.headers, id=f"t{n}", task="shop.charge"), {}, "", "orders",

@@ -42,7 +42,7 @@ def web(app, op):
 
 
 def park_one(op) -> None:
-    op.store.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
+    op.sharded.home.store.park("t1:2", Envelope(b"[]", None, None, {}, {}, "", "orders", "orders").dumps(), "orders", T0)
 
 
 def csrf_of(html: str) -> str:
@@ -154,7 +154,7 @@ def test_each_role_is_refused_what_it_may_not_do_on_every_html_and_api_route(web
         if not may(role, "replay"):
             assert client(web, auth=(user, password)).get("/dlq/DLQ.orders/confirm?action=replay&all=1"
                                                           ).status_code == 403
-    assert fake.llen("DLQ.orders") == 2 and op.parked.store.count() == 1
+    assert fake.llen("DLQ.orders") == 2 and op.parked.sharded.count() == 1
 
 
 def test_a_viewer_cannot_replay_and_an_operator_cannot_purge_but_may_replay_html_and_api(web, fake):
