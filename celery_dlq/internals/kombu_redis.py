@@ -179,6 +179,12 @@ def health_window(channel: Any) -> float | None:
     return float(timeout) + float(interval)
 
 
+def longest_wait(window: float) -> float:
+    """The longest a stamped fetch may wait inside kombu's health-check ``window`` (seconds): a margin for
+    the reply's way back and Redis' timeout resolution."""
+    return window - min(1.0, window / 2)
+
+
 _shortened: set[tuple[float, float]] = set()
 
 
@@ -188,7 +194,7 @@ def bounded_wait(channel: Any, wait: float) -> float:
     window = health_window(channel)
     if window is None:
         return wait
-    longest = window - min(1.0, window / 2)   # the reply's way back, and Redis' timeout resolution
+    longest = longest_wait(window)
     if wait <= longest:
         return wait
     if (wait, longest) not in _shortened:

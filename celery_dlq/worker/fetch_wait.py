@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from celery_dlq.internals.kombu_redis import longest_wait
+
 #: The longest idle wait on the wake markers (seconds): only a safety net, the listener ends it. Kept below
 #: kombu's health check of a blocked fetch (``brpop_timeout + health_check_interval``, 26 s by default).
 #: Each wait is U(0.5, 1) of it, so workers that went idle together do not time out together.
@@ -25,11 +27,11 @@ TOKEN_TTL_MS = 60_000
 FETCH, MARKERS, FALLBACK = "fetch", "markers", "fallback"
 
 
-def marker_wait(check: Any, brpop_timeout: Any, age: float, fetch_wait: float, rng: Any = random.random) -> float:
-    """One idle wait on the markers (seconds): U(0.5, 1) of the longest, which stays below kombu's health check
-    of a blocked fetch (``check``: its ``health_check_interval``, None where it has none) and is
-    ``fetch_wait`` while the channel is younger than :data:`SETTLE` (``age``, seconds)."""
-    longest = MARKER_WAIT if not check else max(1.0, min(MARKER_WAIT, float(brpop_timeout or 1) + float(check) - 1.0))
+def marker_wait(window: float | None, age: float, fetch_wait: float, rng: Any = random.random) -> float:
+    """One idle wait on the markers (seconds): U(0.5, 1) of the longest, which stays inside kombu's health
+    check of a blocked fetch (``window``: ``internals.kombu_redis.health_window``, None where it has none) and
+    is ``fetch_wait`` while the channel is younger than :data:`SETTLE` (``age``, seconds)."""
+    longest = MARKER_WAIT if window is None else min(MARKER_WAIT, longest_wait(window))
     if age < SETTLE:
         longest = min(longest, fetch_wait)
     return round(longest * (0.5 + rng() / 2), 3)

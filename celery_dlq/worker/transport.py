@@ -71,6 +71,7 @@ from celery_dlq.internals.kombu_redis import (
     flush_reauth,
     forget_held,
     forget_settled,
+    health_window,
     held_tags,
     hold_in_memory,
     list_key,
@@ -231,8 +232,7 @@ class Channel(kombu_redis.Channel):
         return time.monotonic() - self._dlq_heard_at < seconds
 
     def _dlq_marker_wait(self) -> float:
-        return marker_wait(getattr(self, "health_check_interval", None), getattr(self, "brpop_timeout", 1),
-                           time.monotonic() - self._dlq_started, self._dlq_wait)
+        return marker_wait(health_window(self), time.monotonic() - self._dlq_started, self._dlq_wait)
 
     def _dlq_log_wait(self, how: str) -> None:
         """One INFO line per channel when how it waits idle changes."""

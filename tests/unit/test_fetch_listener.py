@@ -100,8 +100,8 @@ def test_every_push_is_marked_at_once_and_the_pop_a_marking_wakes_is_looked_at_w
 
 def test_an_idle_wait_is_jittered_below_kombus_health_check_and_short_while_a_channel_settles():
     from celery_dlq.worker.fetch_wait import MARKER_WAIT, SETTLE, marker_wait
-    assert marker_wait(None, 1, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT
-    assert marker_wait(None, 1, SETTLE + 1, 1.0, rng=lambda: 0.0) == MARKER_WAIT / 2
-    assert marker_wait(25, 1, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT    # kombu's 26 s: room enough
-    assert marker_wait(3, 1, SETTLE + 1, 1.0, rng=lambda: 1.0) == 3.0             # health_check_interval = 3
-    assert marker_wait(25, 1, 5.0, 1.0, rng=lambda: 1.0) == 1.0                   # a channel 5 s old
+    assert marker_wait(None, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT      # no health check (kombu < 5.7)
+    assert marker_wait(None, SETTLE + 1, 1.0, rng=lambda: 0.0) == MARKER_WAIT / 2
+    assert marker_wait(26.0, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT      # kombu's 26 s: room enough
+    assert marker_wait(4.0, SETTLE + 1, 1.0, rng=lambda: 1.0) == 3.0               # health_check_interval = 3
+    assert marker_wait(26.0, 5.0, 1.0, rng=lambda: 1.0) == 1.0                     # a channel 5 s old
