@@ -324,7 +324,7 @@ def _write_snapshot_chunk(writer: pq.ParquetWriter, chunk: list, at_us: int) -> 
 
 def dlq_contents(operator: Any) -> Iterable[tuple[str, bytes]]:
     """Every dead letter in every DLQ the operator tools know (:class:`celery_dlq.ops.operator.Operator`)."""
-    for name in sorted(operator.known(operator.parked.store.counts_by_queue())):
+    for name in sorted(operator.known(operator.parked.counts_by_queue())):
         for letter in operator.queue(name).entries():
             yield name, letter.raw
 

@@ -26,11 +26,9 @@ _db_counter = itertools.cycle(range(1, 16))
 
 
 @pytest.fixture
-def any_redis(redis_server):
+def any_redis(real_redis):
     """The test run's redis-server: the tests under on_redis/ take it where tests/unit gives fakeredis."""
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
+    return real_redis
 
 
 @pytest.fixture
