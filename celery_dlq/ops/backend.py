@@ -22,7 +22,7 @@ from celery_dlq.message import decode_raw
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.chords import ChordLedger
-from celery_dlq.storage.client import broker_client, connect
+from celery_dlq.storage.client import BrokerLink, connect
 from celery_dlq.storage.keys import QueueLists
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore, shards_of
@@ -61,8 +61,7 @@ class Backend:
 
     def __init__(self, app: Any, *, broker: Any = None, client: Any = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.app, self.clock, self._broker = app, clock, broker
-        self._scripts: Scripts | None = None
+        self.app, self.clock = app, clock
         self.settings = DLQSettings.from_conf(app.conf)
         self.lists = QueueLists.of(app.conf.broker_transport_options)
         self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
@@ -76,19 +75,16 @@ class Backend:
         #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
         self.chords = ChordLedger(self.client, self.keys)
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
+        self._broker = BrokerLink(app.conf, self.client, self.settings.redis_url, broker)
 
     @property
     def broker(self) -> Any:
         """The broker's Redis, where DLQs are lists; :class:`BrokerNotSupported` on another broker."""
-        if self._broker is None:
-            self._broker = broker_client(self.app.conf, self.client, self.settings.redis_url)
-        return self._broker
+        return self._broker.client
 
     @property
     def scripts(self) -> Scripts:
-        if self._scripts is None:
-            self._scripts = Scripts(self.broker)
-        return self._scripts
+        return self._broker.scripts
 
     def list_keys(self, name: str) -> list[str]:
         """The Redis lists of ``name``: a DLQ's priority sub-lists, or a quarantine's one list."""

@@ -17,6 +17,7 @@ from redis.sentinel import Sentinel
 
 from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.settings import REDIS_SCHEMES, client_url
+from celery_dlq.storage.scripts import Scripts
 from celery_dlq.urls import canonical, is_sentinel, parse, sanitize
 
 
@@ -82,3 +83,27 @@ def listener_client(url: str) -> Any:
     invalidations as messages (redis-py 8 speaks RESP3 by default, where they arrive as pushes only its own
     cache handles), and no retries, so that no connection comes back silently without its tracking."""
     return open_client(url, socket_connect_timeout=5, socket_timeout=30, protocol=2, retry=Retry(NoBackoff(), 0))
+
+
+class BrokerLink:
+    """The broker's Redis (where DLQs are lists) and the scripts on it, connected on first use unless given.
+
+    ``client`` is the store's (``redis_url``'s): it serves as the broker's when they are one server.
+    :class:`BrokerNotSupported` on first use when the broker is not Redis.
+    """
+
+    def __init__(self, conf: Any, client: Any, redis_url: str, broker: Any = None) -> None:
+        self._conf, self._client, self._redis_url, self._broker = conf, client, redis_url, broker
+        self._scripts: Scripts | None = None
+
+    @property
+    def client(self) -> Any:
+        if self._broker is None:
+            self._broker = broker_client(self._conf, self._client, self._redis_url)
+        return self._broker
+
+    @property
+    def scripts(self) -> Scripts:
+        if self._scripts is None:
+            self._scripts = Scripts(self.client)
+        return self._scripts

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from celery_dlq.message import Envelope
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.archive import EventLog
-from celery_dlq.storage.client import broker_client, worker_client
+from celery_dlq.storage.client import BrokerLink, worker_client
 from celery_dlq.storage.counters import DeliveryCounters
 from celery_dlq.storage.replication import Replication
 from celery_dlq.storage.scripts import Scripts
@@ -47,7 +47,7 @@ class Connections:
                                          redis_url=settings.redis_url, events=events)
         #: Dead-lettered chord members: their rule, their replay (docs/workflows.md).
         self.chords = ChordMembers(app, self.client, self.keys)
-        self._broker: Any = None
+        self._broker = BrokerLink(app.conf, self.client, settings.redis_url)
 
     def shard(self, task_id: str | None) -> Shard:
         """The shard holding ``task_id``'s parked entries and archive events."""
@@ -66,9 +66,7 @@ class Connections:
     @property
     def broker(self) -> Any:
         """The broker's Redis (the store's client when they are one server); only on a Redis broker."""
-        if self._broker is None:
-            self._broker = broker_client(self.app.conf, self.client, self.settings.redis_url)
-        return self._broker
+        return self._broker.client
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         """Dead-letter ``envelope`` (:meth:`DeadLetterer.dead_letter`); returns its DLQ, None when dropped."""

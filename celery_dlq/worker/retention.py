@@ -28,7 +28,7 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage import groups, totals
 from celery_dlq.storage.archive import EventLog
 from celery_dlq.storage.chords import ChordLedger, fail_purged
-from celery_dlq.storage.client import broker_client
+from celery_dlq.storage.client import BrokerLink
 from celery_dlq.storage.keys import Keys, QueueLists, Stat
 from celery_dlq.storage.lists import oldest_pages
 from celery_dlq.storage.scripts import Scripts
@@ -51,23 +51,19 @@ class Retention:
 
     def __init__(self, app: Any, client: Any, keys: Keys, *, archive: EventLog, redis_url: str = "",
                  broker: Any = None) -> None:
-        self.app, self.client, self.keys, self._broker = app, client, keys, broker
+        self.app, self.client, self.keys = app, client, keys
         self.redis_url, self.archive = redis_url, archive
         self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self._scripts: Scripts | None = None
+        self._broker = BrokerLink(app.conf, client, redis_url, broker)
         self.chords = ChordLedger(client, keys)
 
     @property
     def broker(self) -> Any:
-        if self._broker is None:
-            self._broker = broker_client(self.app.conf, self.client, self.redis_url)
-        return self._broker
+        return self._broker.client
 
     @property
     def scripts(self) -> Scripts:
-        if self._scripts is None:
-            self._scripts = Scripts(self.broker)
-        return self._scripts
+        return self._broker.scripts
 
     def after_dead_letter(self, dlq: str, policy: RedeliveryPolicy) -> int:
         """Apply ``policy``'s limits to ``dlq``; never raises (the dead letter is safe already)."""
