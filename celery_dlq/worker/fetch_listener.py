@@ -19,9 +19,10 @@ What a message costs the listener (:class:`Coalescer`): a write heard to a
 list is marked at once (one ``ZADD``: a push), except the first write heard
 within :data:`WINDOW` after a marking, which is presumed the pop of the
 worker that marking woke and only looked at when the window ends (one
-``EXISTS``, and a ``ZADD`` where the list holds a message; the looks of a
-window are one). So a message costs the listener about two commands, and
-no push waits for a window.
+``EXISTS``, and a ``ZADD`` where the list holds a message). Until that look
+the list is not heard (per-key tracking), so a push that came first waits
+for it: the window bounds both that wait and the listener's looks (at most
+one per list per window, however busy the queue).
 
 The queues to hear are those fetches register (``Keys.fetch_queues``,
 written by a fetch that finds a queue of its own not heard, which also
@@ -65,8 +66,9 @@ LISTENING_TTL_MS = 90_000
 STALE_MS = 3_600_000
 #: Most lists looked at in one round trip.
 BATCH = 256
-#: Writes heard to a list within this long of its last marking are looked at together when it ends (seconds).
-WINDOW = 0.05
+#: The first write heard to a list this soon after its marking is looked at when the window ends (seconds):
+#: the most a push waits under load, and at most one look per list per window.
+WINDOW = 0.005
 #: After tracking was refused (an ACL, a proxy, an old server): try again after this long (seconds).
 REFUSED_WAIT = 60.0
 
