@@ -95,12 +95,23 @@ class BrokerLink:
     def __init__(self, conf: Any, client: Any, redis_url: str, broker: Any = None) -> None:
         self._conf, self._client, self._redis_url, self._broker = conf, client, redis_url, broker
         self._scripts: Scripts | None = None
+        self._on_redis: bool | None = True if broker is not None else None
 
     @property
     def client(self) -> Any:
         if self._broker is None:
             self._broker = broker_client(self._conf, self._client, self._redis_url)
         return self._broker
+
+    def on_redis(self) -> bool:
+        """Whether the broker is Redis (connects on first call; remembers a :class:`BrokerNotSupported`)."""
+        if self._on_redis is None:
+            try:
+                _ = self.client
+                self._on_redis = True
+            except BrokerNotSupported:
+                self._on_redis = False
+        return self._on_redis
 
     @property
     def scripts(self) -> Scripts:

@@ -43,11 +43,11 @@ class Connections:
         self.sharded = ShardedStore(self.client, self.shards, events_max_length=settings.events_max_length,
                                     replication=replication, register=True)
         self.counters = DeliveryCounters(self.client, self.shards, Scripts(self.client), settings.delivery_count_ttl)
+        self._broker = BrokerLink(app.conf, self.client, settings.redis_url)
         self.deadletterer = DeadLetterer(app, self.client, self.sharded, audit_ttl=settings.audit_ttl,
-                                         redis_url=settings.redis_url, events=events)
+                                         redis_url=settings.redis_url, events=events, link=self._broker)
         #: Dead-lettered chord members: their rule, their replay (docs/workflows.md).
         self.chords = ChordMembers(app, self.client, self.keys)
-        self._broker = BrokerLink(app.conf, self.client, settings.redis_url)
 
     def shard(self, task_id: str | None) -> Shard:
         """The shard holding ``task_id``'s parked entries and archive events."""

@@ -34,12 +34,11 @@ from kombu import Exchange, Queue
 from kombu.utils.uuid import uuid
 
 from celery_dlq import headers as H
-from celery_dlq.errors import BrokerNotSupported
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.message import Envelope, payload_hash
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage import groups
-from celery_dlq.storage.client import broker_client
+from celery_dlq.storage.client import BrokerLink
 from celery_dlq.storage.keys import UNKNOWN_TASK_ID, QueueLists, Stat
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore
@@ -61,7 +60,8 @@ class DeadLetterer:
     """Publishes dead letters through the app's producer pool; one per app and process."""
 
     def __init__(self, app: Any, client: Any, store: ShardedStore, *, audit_ttl: float,
-                 redis_url: str, events: TaskEvents | None = None, broker: Any = None) -> None:
+                 redis_url: str, events: TaskEvents | None = None, broker: Any = None,
+                 link: BrokerLink | None = None) -> None:
         self.app = app
         self.client = client
         #: A task's audit markers, counters and archive events go to its shard of the store.
@@ -71,12 +71,11 @@ class DeadLetterer:
         self._lock = threading.Lock()
         self.redis_url = redis_url
         self.lists = QueueLists.of(app.conf.broker_transport_options)
-        #: The broker's Redis, where DLQs are lists (connected on first use unless given; None off Redis).
-        self._scripts: Scripts | None = Scripts(broker) if broker is not None else None
-        self._redis_broker: bool | None = True if broker is not None else None
+        #: The broker's Redis, where DLQs are lists (connected on first use unless given), shared with retention.
+        self.link = link if link is not None else BrokerLink(app.conf, client, redis_url, broker)
         #: Every dead letter and drop is counted, archived, told and trimmed there.
         self.recorder = Recorder(client, store, Retention(app, client, store.home.keys, archive=store.home.archive,
-                                                          redis_url=redis_url, broker=broker), events)
+                                                          redis_url=redis_url, link=self.link), events)
 
     def dead_letter(self, envelope: Envelope, *, delivery: int, policy: RedeliveryPolicy, reason: str,
                     failure: Mapping[str, str], worker: str) -> str | None:
@@ -134,10 +133,4 @@ class DeadLetterer:
 
     def broker_scripts(self) -> Scripts | None:
         """The scripts on the broker's Redis, where DLQs are lists; None when the broker is not Redis."""
-        if self._redis_broker is None:
-            try:
-                self._scripts = Scripts(broker_client(self.app.conf, self.client, self.redis_url))
-                self._redis_broker = True
-            except BrokerNotSupported:
-                self._redis_broker = False
-        return self._scripts
+        return self.link.scripts if self.link.on_redis() else None

@@ -50,11 +50,11 @@ class Retention:
     """
 
     def __init__(self, app: Any, client: Any, keys: Keys, *, archive: EventLog, redis_url: str = "",
-                 broker: Any = None) -> None:
+                 broker: Any = None, link: BrokerLink | None = None) -> None:
         self.app, self.client, self.keys = app, client, keys
         self.redis_url, self.archive = redis_url, archive
         self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self._broker = BrokerLink(app.conf, client, redis_url, broker)
+        self._broker = link if link is not None else BrokerLink(app.conf, client, redis_url, broker)
         self.chords = ChordLedger(client, keys)
 
     @property
