@@ -20,8 +20,8 @@ from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Celery's worker log line for each delivery of a task: ``[2026-11-27 11:51:05,427: INFO/MainProcess] Task ...``.
-RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] Task shop\.charge\[.*\] received$",
-                      flags=re.M)
+RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] "
+                      r"Task shop\.charge\[.*\] received$", flags=re.M)
 
 
 def delivery_gaps(log: str) -> list[float]:
