@@ -42,9 +42,13 @@ def old_release(tmp_path) -> Path:
     checkout = os.environ.get("CELERY_DLQ_CONTRACT_CHECKOUT") or str(ROOT)
     paths = ["celery_dlq", "tests/__init__.py", "tests/integration/__init__.py", "tests/integration/proj.py"]
     archive = subprocess.run(["git", "archive", OLD, *paths], cwd=checkout, capture_output=True)
+    if archive.returncode != 0:   # a shallow clone: fetch that one commit from origin
+        subprocess.run(["git", "fetch", "--depth=1", "origin", OLD], cwd=checkout, capture_output=True)
+        archive = subprocess.run(["git", "archive", OLD, *paths], cwd=checkout, capture_output=True)
     if archive.returncode != 0:
         missing(f"commit {OLD} (the previous release) in {checkout}",
-                f"clone with history: {archive.stderr.decode(errors='replace').strip()}")
+                "clone with history, or let `git fetch origin` reach it: "
+                f"{archive.stderr.decode(errors='replace').strip()}")
     root = tmp_path / "old"
     root.mkdir()
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
@@ -52,7 +56,8 @@ def old_release(tmp_path) -> Path:
 
 
 def test_a_rolling_deploy_loses_nothing_and_duplicates_only_without_publish_batches(harness, old_release):
-    old = PatientWorker(harness.env(PYTHONPATH=str(old_release)), 2, "old", harness.tmp_path / "old.log", cwd=old_release)
+    old = PatientWorker(harness.env(PYTHONPATH=str(old_release)), 2, "old", harness.tmp_path / "old.log",
+                        cwd=old_release)
     harness.workers.append(old.start())
     harness.worker(name="new")
     ids = [harness.send("proj.flaky", args=(2, "deploy")).id for _ in range(TASKS)]

@@ -128,7 +128,7 @@ def test_a_sharded_store_spreads_over_every_master_and_every_tool_reads_all_of_i
     exported = harness.dlq_json("export", "--out", str(out), conf=conf)
     table = ds.dataset(str(out / "events"), format="parquet", partitioning="hive").to_table()
     kinds = Counter(table.column("event_type").to_pylist())
-    assert kinds["parked"] == 2 * SHARDED_TASKS + len(waiting) + CANARY
+    assert kinds["parked"] == 2 * SHARDED_TASKS + len(waiting)   # the canary is parked with no event
     assert kinds["redelivered"] == 2 * SHARDED_TASKS + CANARY
     assert len(set(table.column("event_id").to_pylist())) == table.num_rows == exported["rows"]
 
