@@ -19,7 +19,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celery_dlq.storage.keys import Shards
+from celery_dlq import headers as H
+from celery_dlq.storage import totals, trends
+from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.totals import Metric
 from tests.redis_server import RedisClusterServers
 
 pytestmark = pytest.mark.integration
@@ -73,6 +76,28 @@ def test_a_store_on_a_redis_cluster_parks_and_redelivers_every_delivery_once(har
 
     assert_the_tools_see_it_all(harness, conf, waiting, parks=2 * TASKS + 3 + CANARY,
                                 redeliveries=2 * TASKS + CANARY)
+
+
+def test_a_store_on_a_redis_cluster_dead_letters_once_and_counts_every_trend(harness, cluster):
+    """The counts that ride in a pipeline with a script (``trend.lua``; redis-py blocks scripts in a cluster
+    pipeline): a dead letter is written once and acknowledged, a redelivery counted, both in the trends."""
+    conf = {"dlq_redis_url": cluster.url, "dlq_redis_cluster": True}
+    harness.extra_env.update(DLQ_TEST_CONF=json.dumps(conf), DLQ_TEST_REDIS=harness.broker)
+    worker = harness.worker(concurrency=1)
+    letter = harness.send("proj.not_retryable")
+    flaky = harness.send("proj.flaky", args=(1, "trend"))
+    harness.wait_until(lambda: harness.dead_letters() and len(harness.deliveries(flaky.id)) == 2
+                       and harness.in_flight() == 0, timeout=60, message="the dead letter and the redelivery")
+    store = RedisCluster.from_url(cluster.url)
+    harness.after_a_mover_pass(store_client=store)        # a second dead letter would be there by now
+    assert [(d["headers"]["id"], d["headers"][H.REASON]) for d in harness.dead_letters()] == \
+        [(letter.id, "non_retryable")]
+    counted = totals.read(store, Keys(harness.prefix))
+    assert sum(n for (name, _), n in counted.items() if name == Metric.DEAD_LETTERED) == 1
+    assert sum(n for (name, _), n in counted.items() if name == Metric.REDELIVERED) == 1 + CANARY
+    seen = trends.read(store, [Keys(harness.prefix)], time.time())
+    assert sum(seen.total("dead_lettered")) == 1 and sum(seen.total("redelivered")) == 1 + CANARY
+    assert "could not" not in worker.log()
 
 
 def two_task_ids_per_shard(shards: Shards) -> list[str]:
