@@ -1,7 +1,7 @@
 """The version contract: the built wheel on every supported Python x Celery/kombu x redis-py (docs/versions.md).
 
-    nox -s contract            # the full grid (40 sessions)
-    nox -s contract_diagonal   # what CI runs (scripts/contract.sh): 8 sessions
+    nox -s contract            # the full grid (41 sessions: 40 and the floor)
+    nox -s contract_diagonal   # what CI runs (scripts/contract.sh): 8 sessions, the floor one of them
     nox -s contract -- -x      # arguments after -- go to pytest
 
 Each session installs THE BUILT WHEEL (built once per nox run with
@@ -9,7 +9,8 @@ Each session installs THE BUILT WHEEL (built once per nox run with
 a uv virtualenv, copies ``tests/`` to the session's tmp dir and runs
 ``tests/contract`` and ``tests/unit/test_internals.py`` there, so the
 checkout's ``celery_dlq/`` cannot shadow the installed one
-(tests/contract/test_installed.py checks both the place and the pins). billiard and every other dependency are left to the resolver.
+(tests/contract/test_installed.py checks both the place and the pins). billiard and every other dependency are
+left to the resolver, but in the floor session, which pins every floor (:data:`FLOOR`).
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ REDIS = {"5.4": ("5.0.0", "5.3.1"), "5.5": ("5.0.0", "5.2.1"),
          "5.6": ("5.0.0", "5.3.1", "6.4.0"), "5.7": ("6.4.0", "7.4.1", "8.1.0")}
 #: What the tests need beside the wheel (tests/conftest.py imports fakeredis; xdist registers the xdist_group mark).
 TEST_DEPS = ("pytest>=8.0", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "fakeredis>=2.26")
+#: The floor of everything installable with celery-dlq, in one session: our floors (Python 3.10, celery 5.4.0,
+#: kombu 5.4.0, redis-py 5.0.0: pyproject.toml) and billiard's, which Celery declares (celery 5.4.0:
+#: billiard>=4.2.0). Python, celery, kombu, redis, billiard.
+FLOOR = ("3.10", "5.4.0", "5.4.0", "5.0.0", "4.2.0")
 
 
 def _pyenv_on_path() -> None:
@@ -61,20 +66,29 @@ def _pyenv_on_path() -> None:
 _pyenv_on_path()
 
 
+def param(py: str, celery: str, kombu: str, redis: str, billiard: str = "") -> nox.param:
+    """One session's pins; ``billiard`` empty: the resolver's choice."""
+    pinned = f"-billiard{billiard}" if billiard else ""
+    return nox.param(py, celery, kombu, redis, billiard, id=f"py{py}-celery{celery}-kombu{kombu}-redis{redis}{pinned}")
+
+
+def floor() -> nox.param:
+    return param(*FLOOR)
+
+
 def grid() -> list[nox.param]:
-    return [nox.param(py, celery, kombu, redis, id=f"py{py}-celery{celery}-kombu{kombu}-redis{redis}")
-            for py in PYTHONS for minor, (celery, kombu) in CELERY.items() for redis in REDIS[minor]]
+    """Every Python x the newest Celery/kombu of each minor x redis-py, and the floor session."""
+    return [param(py, celery, kombu, redis)
+            for py in PYTHONS for minor, (celery, kombu) in CELERY.items() for redis in REDIS[minor]] + [floor()]
 
 
 def diagonal() -> list[nox.param]:
     """Every Celery minor on Python 3.11 (newest redis-py it admits), every Python on the newest Celery,
-    and the floor of everything we declare in one session: Python 3.10, Celery 5.4, redis-py 5.0.0."""
+    and the floor session (:data:`FLOOR`)."""
     newest = list(CELERY)[-1]
     rows = [("3.11", minor, REDIS[minor][-1]) for minor in CELERY]
     rows += [(py, newest, REDIS[newest][-1]) for py in PYTHONS if py != "3.11"]
-    rows += [(PYTHONS[0], list(CELERY)[0], "5.0.0")]
-    return [nox.param(py, *CELERY[minor], redis, id=f"py{py}-celery{CELERY[minor][0]}-kombu{CELERY[minor][1]}-"
-                                                    f"redis{redis}") for py, minor, redis in rows]
+    return [param(py, *CELERY[minor], redis) for py, minor, redis in rows] + [floor()]
 
 
 _wheel: Path | None = None
@@ -90,17 +104,17 @@ def built_wheel(session: nox.Session) -> Path:
     return _wheel
 
 
-def run_contract(session: nox.Session, celery: str, kombu: str, redis: str) -> None:
+def run_contract(session: nox.Session, celery: str, kombu: str, redis: str, billiard: str) -> None:
     started = time.monotonic()
     try:
-        _run_contract(session, celery, kombu, redis)
+        _run_contract(session, celery, kombu, redis, billiard)
     finally:   # docs/versions.md's seconds per session: the install included, the wheel's build not
         session.log(f"contract seconds: {time.monotonic() - started:.0f}")
 
 
-def _run_contract(session: nox.Session, celery: str, kombu: str, redis: str) -> None:
+def _run_contract(session: nox.Session, celery: str, kombu: str, redis: str, billiard: str) -> None:
     wheel = built_wheel(session)
-    pins = (f"celery=={celery}", f"kombu=={kombu}", f"redis=={redis}")
+    pins = (f"celery=={celery}", f"kombu=={kombu}", f"redis=={redis}", *([f"billiard=={billiard}"] if billiard else []))
     # --reinstall-package: a reused venv already has a celery-dlq of the same version (the previous wheel).
     session.install("--reinstall-package", "celery-dlq", f"celery-dlq[web] @ {wheel.as_uri()}", *pins, *TEST_DEPS)
     session.run("python", "-c", "import sys, celery, kombu, billiard, redis; print('versions: python', "
@@ -122,14 +136,14 @@ def _run_contract(session: nox.Session, celery: str, kombu: str, redis: str) -> 
 
 
 @nox.session(name="contract")
-@nox.parametrize("python,celery,kombu,redis", grid())
-def contract(session: nox.Session, celery: str, kombu: str, redis: str) -> None:
-    """The full grid: every Python x Celery/kombu minor x redis-py major kombu[redis] admits."""
-    run_contract(session, celery, kombu, redis)
+@nox.parametrize("python,celery,kombu,redis,billiard", grid())
+def contract(session: nox.Session, celery: str, kombu: str, redis: str, billiard: str) -> None:
+    """The full grid: every Python x Celery/kombu minor x redis-py major kombu[redis] admits, and the floor."""
+    run_contract(session, celery, kombu, redis, billiard)
 
 
 @nox.session(name="contract_diagonal")
-@nox.parametrize("python,celery,kombu,redis", diagonal())
-def contract_diagonal(session: nox.Session, celery: str, kombu: str, redis: str) -> None:
+@nox.parametrize("python,celery,kombu,redis,billiard", diagonal())
+def contract_diagonal(session: nox.Session, celery: str, kombu: str, redis: str, billiard: str) -> None:
     """CI's diagonal of the grid (scripts/contract.sh)."""
-    run_contract(session, celery, kombu, redis)
+    run_contract(session, celery, kombu, redis, billiard)

@@ -10,14 +10,17 @@ mover. Dramatiq's side (bench/dramatiq_app.py) retries with its Retries
 middleware on the same Redis, run at its own default (``-p`` = CPU count,
 ``-t 8``) and at ``-p 1 -t 2``; the better of the two is its headline.
 
-Every side publishes before the clock: the messages are published, their
-list is renamed aside, the worker starts and waits on Redis, and the list is
-renamed back (t0; Celery's BRPOP and celery-dlq's wait wake on the RENAME,
-Dramatiq's fetch finds them at its next poll). Dramatiq's clock starts 1 s
-after its worker is seen waiting, by when its idle consumer may have backed
-off to polls up to 1 s apart: not the same starting state as the Celery
-sides' (issue #34; to be made the same before the next measurement). Each successful (third)
-attempt INCRs a counter; the clock stops when it reaches N.
+Every side publishes before the clock and starts it from the same state:
+the messages are published, their list is renamed aside, the worker starts
+and waits on Redis, warm-up messages of the run's kind (failing like the
+others, or succeeding) go through the worker, their count is reset, and the
+list is renamed back at once (t0). So no side starts idle: each of
+Dramatiq's worker processes, whose consumers (its queue's and its delay
+queue's) back off to polls up to 1 s apart while idle, has just run one (a
+round of one message per process is sent until each has), as celery-dlq's
+fetch and mover and Celery's consumer have (one message: one process
+fetches). Each successful (last) attempt INCRs a counter; the clock stops
+when it reaches N.
 
 The same run measures each system's success path: N tasks that succeed at
 once (``bench.ok``, Dramatiq's ``ok``), so each failure path is also given as
@@ -86,10 +89,12 @@ def one_run(server: RedisServer, mode: str, n: int, run: int) -> tuple[float, tu
     worker = BenchWorker(server.url, queue, "dlq" if before else side.removesuffix("_solo"), prefix=prefix,
                          pool=pool[0], concurrency=pool[1], package=BEFORE if before else None).wait_ready(client)
     try:
+        done = f"{prefix}:done"
+        warm_up(client, prefix, lambda: app.send_task("bench.ok" if mode.endswith("_ok") else "bench.flaky",
+                                                      args=(-1,), queue=queue))
         main0, kids0 = worker.cpu()
         redis0 = process_cpu(server._proc.pid)
         t0 = stage.release()
-        done = f"{prefix}:done"
         t1 = wait_until(lambda: int(client.get(done) or 0) >= n, timeout=900, poll=0.02,
                         what=f"{n} tasks of {mode}")
         main1, kids1 = worker.cpu()
@@ -100,6 +105,24 @@ def one_run(server: RedisServer, mode: str, n: int, run: int) -> tuple[float, tu
         worker.stop()
         app.close()
         client.close()
+
+
+def warm_up(client, prefix: str, send, processes: int = 1) -> None:
+    """Rounds of ``processes`` warm-up messages (``send`` publishes one) through the waiting worker until each of
+    its ``processes`` fetching processes ran one (Dramatiq's ``warm`` records them in ``<prefix>:warm``; a
+    Celery worker fetches in one process), then the counts reset: every side starts its clock just after
+    taking a message, none backed off by idling (module docstring)."""
+    done, warm, sent = f"{prefix}:done", f"{prefix}:warm", 0
+    for _ in range(50):
+        for _ in range(processes):
+            send()
+        sent += processes
+        wait_until(lambda sent=sent: int(client.get(done) or 0) >= sent, timeout=120, poll=0.005,
+                   what="warm-up messages")
+        if processes == 1 or client.scard(warm) >= processes:
+            client.delete(done, warm)
+            return
+    raise RuntimeError(f"after {sent} warm-up messages, {client.scard(warm)} of {processes} processes ran one")
 
 
 def dramatiq_run(server: RedisServer, client, n: int, queue: str, prefix: str, options: tuple[str, ...],
@@ -115,6 +138,7 @@ def dramatiq_run(server: RedisServer, client, n: int, queue: str, prefix: str, o
     from bench import dramatiq_app
     dramatiq_app = importlib.reload(dramatiq_app)   # this run's broker, namespace and queue
     actor = dramatiq_app.ok if ok else dramatiq_app.flaky
+    fails = 0 if ok else ATTEMPTS - 1
     for i in range(n):
         actor.send_with_options(args=(i,), queue_name=queue)
     key = f"dramatiq-{prefix}:{queue}"
@@ -126,7 +150,9 @@ def dramatiq_run(server: RedisServer, client, n: int, queue: str, prefix: str, o
     try:
         wait_until(lambda: any(c.get("cmd") in ("evalsha", "brpop", "bzpopmin") for c in client.client_list())
                    and psutil.Process(proc.pid).children(), timeout=60, poll=0.1, what="dramatiq ready")
-        time.sleep(1.0)
+        processes = int(options[options.index("-p") + 1]) if "-p" in options else os.cpu_count() or 1
+        warm_up(client, prefix, lambda: dramatiq_app.warm.send_with_options(args=(fails,), queue_name=queue),
+                processes)
         procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
         redis0 = process_cpu(server._proc.pid)

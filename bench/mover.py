@@ -20,7 +20,9 @@ their queue, in interleaved rounds (3; 1 with --quick), medians reported:
 Target: celery-dlq >= 50% of raw, with 1 and with 3 workers.
 
 ``--cluster``: the store on a Redis Cluster, 6 shards, 1 vs 3 masters
-(``bench/mover_cluster.py``).
+(``bench/mover_cluster.py``), moved by ``--movers`` processes (1, as the
+mover lease lets one worker move; 3 as before the lease) and ``--tasks``
+parked retries.
 """
 from __future__ import annotations
 
@@ -170,11 +172,13 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--cluster", action="store_true", help="a store of 6 shards on a Redis Cluster: 1 vs 3 masters")
+    p.add_argument("--movers", type=int, default=1, help="--cluster: mover processes (1: the lease's one mover)")
+    p.add_argument("--tasks", type=int, default=None, help="--cluster: parked retries (30,000; 6,000 quick)")
     args = p.parse_args()
     if args.cluster:
         from bench.mover_cluster import main as cluster_main
 
-        return cluster_main(args.quick)
+        return cluster_main(args.quick, movers=args.movers, n=args.tasks)
     n, rounds = (20000, 1) if args.quick else (100000, 3)
     server = RedisServer().start()
     times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": [], "lib1_expires": []}

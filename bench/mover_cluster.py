@@ -3,16 +3,20 @@
 The store is a Redis Cluster (``dlq_redis_cluster``) split into 6 shards
 (``dlq_store_shards = 6``), the broker a plain redis-server, as the
 deployment the sharded store is for. N parked retries (30,000; 6,000 with
---quick), spread over the shards by task id as the engine parks them (the
-publish format, since the store is not the broker), all due, are moved back
-to their queue by 3 movers, each in its own process (as 3 workers), in
-interleaved rounds (3; 1 with --quick), medians reported:
+--quick; ``--tasks``), spread over the shards by task id as the engine parks
+them (the publish format, since the store is not the broker), all due, are
+moved back to their queue by ``--movers`` movers, each in its own process
+(as that many workers), in interleaved rounds (3; 1 with --quick), medians
+reported. One mover (the default) is what a deployment runs: only the
+holder of the mover lease (``dlq_mover_lease``, worker/mover.py) moves,
+whatever the number of workers; 3 is how the tenth round measured it,
+before the lease (three workers' movers sharing the store):
 
 - 1 master: a one-node cluster holding every slot (all 6 shards on it);
 - 3 masters: ``redis-cli --cluster create`` over 3 nodes (2 shards each).
 
 A store on more masters spreads the Redis work; whether that shows depends
-on the cores left for it: on a 2-core machine the 3 mover processes, the
+on the cores left for it: on a 2-core machine the mover processes, the
 broker and the masters share two cores, so expect little or no gain.
 """
 from __future__ import annotations
@@ -28,7 +32,6 @@ from tests.redis_server import RedisClusterServers
 
 QUEUE = "bench4c"
 SHARDS = 6
-MOVERS = 3
 PREFIX = "b4c"
 
 
@@ -95,8 +98,10 @@ def cpu_seconds(pids: list[int]) -> float:
     return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
 
-def run(broker: str, cluster: RedisClusterServers, n: int, redis_pids: list[int]) -> tuple[float, float, float]:
-    """Seconds to move n due retries, and the CPU seconds the 3 movers and the Redis servers used meanwhile."""
+def run(broker: str, cluster: RedisClusterServers, n: int, redis_pids: list[int],
+        movers: int) -> tuple[float, float, float]:
+    """Seconds for ``movers`` mover processes to move n due retries, and the CPU seconds they and the Redis
+    servers used meanwhile."""
     import redis
 
     client = redis.Redis.from_url(broker)
@@ -105,28 +110,31 @@ def run(broker: str, cluster: RedisClusterServers, n: int, redis_pids: list[int]
     park_all(broker, cluster.url, n)
     ctx = multiprocessing.get_context("spawn")
     ready, go, spent = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
-    movers = [ctx.Process(target=_mover, args=(broker, cluster.url, ready, go, spent)) for _ in range(MOVERS)]
-    for mover in movers:
+    processes = [ctx.Process(target=_mover, args=(broker, cluster.url, ready, go, spent)) for _ in range(movers)]
+    for mover in processes:
         mover.start()
-    for _ in movers:
+    for _ in processes:
         ready.acquire()
     servers = cpu_seconds(redis_pids)
     t0 = time.perf_counter()
     go.set()
-    mover_cpu = sum(spent.get(timeout=600) for _ in movers)   # each mover's CPU from "go" to drained
+    mover_cpu = sum(spent.get(timeout=600) for _ in processes)   # each mover's CPU from "go" to drained
     seconds = time.perf_counter() - t0
     servers = cpu_seconds(redis_pids) - servers
-    for mover in movers:
+    for mover in processes:
         mover.join()
-    assert all(mover.exitcode == 0 for mover in movers)
+    assert all(mover.exitcode == 0 for mover in processes)
     assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
     client.flushdb()
     client.close()
     return seconds, mover_cpu, servers
 
 
-def main(quick: bool) -> None:
-    n, rounds = (6000, 1) if quick else (30000, 3)
+def main(quick: bool, movers: int = 1, n: int | None = None) -> None:
+    if movers < 1:
+        raise SystemExit(f"--movers must be at least 1, got {movers}")
+    default, rounds = (6000, 1) if quick else (30000, 3)
+    n = n or default
     broker = RedisServer().start()
     clusters = {1: RedisClusterServers(masters=1), 3: RedisClusterServers(masters=3)}
     times: dict[int, list[float]] = {masters: [] for masters in clusters}
@@ -137,12 +145,13 @@ def main(quick: bool) -> None:
         import redis
 
         print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(broker.url))}")
-        print(f"{n} parked and due over {SHARDS} shards, {MOVERS} mover processes, broker a plain Redis, "
-              f"{rounds} interleaved round(s)\n")
+        lease = "one mover, as the lease lets run" if movers == 1 else "as before the mover lease"
+        print(f"{n} parked and due over {SHARDS} shards, {movers} mover process(es) ({lease}), broker a plain "
+              f"Redis, {rounds} interleaved round(s)\n")
         for r in range(rounds):
             for masters, cluster in clusters.items():
                 pids = [broker._proc.pid, *(node._proc.pid for node in cluster.nodes)]
-                seconds, movers_cpu, redis_cpu = run(broker.url, cluster, n, pids)
+                seconds, movers_cpu, redis_cpu = run(broker.url, cluster, n, pids, movers)
                 times[masters].append(seconds)
                 cpu[masters].append((movers_cpu, redis_cpu))
                 print(f"  round {r + 1}: {masters} master(s) {seconds:7.2f} s  {n / seconds:9.0f} msg/s  "
@@ -159,5 +168,5 @@ def main(quick: bool) -> None:
         redis_cpu = median([r for _, r in cpu[masters]])
         rows.append([f"cluster, {masters} master{'s' if masters > 1 else ''}", f"{t:.2f}", f"{n / t:.0f}",
                      f"{movers_cpu:.2f}", f"{redis_cpu:.2f}"])
-    print_table(["store (median)", "seconds", "msg/s", "movers' CPU s", "redis-servers' CPU s"], rows)
+    print_table(["store (median)", "seconds", "msg/s", f"{movers} mover(s)' CPU s", "redis-servers' CPU s"], rows)
     print(f"3 masters vs 1: {one / three:.2f}x the throughput")

@@ -241,7 +241,7 @@ class ParkedStore:
 
     def trend(self, pipe: Any, names: list[str], n: int = 1) -> None:
         """Queue on ``pipe`` the counting of ``n`` events now in the trends' series ``names`` (``redis/trends.py``)."""
-        trends.count(pipe, self._scripts, self.keys, names, n, self.clock())
+        trends.count(pipe, self._scripts, self.keys, names, n, self.clock(), client=self.client)
 
     def claim_due(self, limit: int = 100, lease: float = 30.0,
                   now: float | None = None) -> list[Claimed]:

@@ -2,7 +2,8 @@
 
 One HASH per key set (:attr:`Keys.trends`), written by the code that does the
 work: ``park.lua`` for parks, ``trend.lua`` (in the same pipeline as the
-exporter's counters) for dead letters and redeliveries. A series is a kind
+exporter's counters; at once on a Redis Cluster, whose pipelines cannot
+carry a script) for dead letters and redeliveries. A series is a kind
 and a queue, or for dead letters also a reason; each is two rings of fixed
 size (``lua/lib.lua``, ``trend_add``): 60 minute slots and 168 hour slots,
 each ``"<stamp>:<count>"``, overwritten when its minute or hour comes round
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis.cluster import ClusterPipeline
 
 from celery_dlq.storage.keys import Keys
 
@@ -30,10 +33,15 @@ def series(kind: str, queue: str | None = None, reason: str | None = None) -> li
     return out
 
 
-def count(pipe: Any, scripts: Any, keys: Keys, names: Sequence[str], n: int, now: float) -> None:
-    """Queue ``trend.lua`` on ``pipe`` (a pipeline or client): ``n`` events at ``now`` in each of ``names``."""
+def count(pipe: Any, scripts: Any, keys: Keys, names: Sequence[str], n: int, now: float,
+          client: Any = None) -> None:
+    """Queue ``trend.lua`` on ``pipe`` (a pipeline or client): ``n`` events at ``now`` in each of ``names``.
+
+    redis-py refuses a script in a Redis Cluster pipeline (``EVALSHA`` is blocked there): with one, the
+    script runs at once on ``client``, the store's, apart from the pipeline (a trend is a count per minute)."""
     if n and names:
-        scripts.get("trend")(keys=[keys.trends], args=[int(now // 60), int(n), *names], client=pipe)
+        target = client if client is not None and isinstance(pipe, ClusterPipeline) else pipe
+        scripts.get("trend")(keys=[keys.trends], args=[int(now // 60), int(n), *names], client=target)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The README's quick start and the policy page's examples, executed as written.
 
 The quick start runs against a real redis-server with a real worker: the task
-fails four times and its message is in ``DLQ.celery``, as the README says.
+is delivered four times, 1, 2 and 4 s apart (the worker log's timestamps), and
+its message is in ``DLQ.celery``, as the README says.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import redis
@@ -17,6 +19,15 @@ import redis
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Celery's worker log line for each delivery of a task: ``[2026-11-27 11:51:05,427: INFO/MainProcess] Task ...``.
+RECEIVED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] "
+                      r"Task shop\.charge\[.*\] received$", flags=re.M)
+
+
+def delivery_gaps(log: str) -> list[float]:
+    """Seconds between consecutive deliveries of the task, from the worker log's millisecond timestamps."""
+    times = [datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f") for stamp in RECEIVED.findall(log)]
+    return [(later - earlier).total_seconds() for earlier, later in zip(times, times[1:])]
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -35,7 +46,7 @@ def test_the_policy_pages_examples_run_and_their_assertions_hold(tmp_path):
     assert "all examples ran" in run.stdout
 
 
-def test_the_readme_quick_start_parks_three_times_then_dead_letters(tmp_path):
+def test_the_readme_quick_start_delivers_four_times_1_2_4_s_apart_then_dead_letters(tmp_path):
     module, send = python_blocks(ROOT / "README.md")[:2]
     assert module.startswith("# shop.py\n")
     server = RedisServer().start()
@@ -67,7 +78,13 @@ def test_the_readme_quick_start_parks_three_times_then_dead_letters(tmp_path):
             (tmp_path / "list.txt").write_text(shown.stdout)
             print(shown.stdout)
             text = (tmp_path / "worker.log").read_text()
-            assert text.count("ConnectionError") >= 4
+            gaps = delivery_gaps(text)
+            assert len(gaps) == 3, f"4 deliveries expected: {text}"
+            # Each delivery is received before its failure parks the next, so a gap is at least its delay (less
+            # the log's millisecond rounding); below twice the delay tells 1/2/4 s from a missing multiplier
+            # (1/1/1), an exponent off by one (2/4/8 or 0.5/1/2) or a hot loop.
+            for gap, delay in zip(gaps, (1, 2, 4)):
+                assert delay - 0.002 <= gap < 2 * delay, f"delays {gaps}, expected 1, 2, 4 s"
         finally:
             worker.terminate()
             worker.wait(timeout=30)

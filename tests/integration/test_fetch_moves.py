@@ -55,9 +55,17 @@ def test_a_fetching_worker_moves_its_due_retry_without_the_mover(harness, moves)
             harness.wait_until(lambda: redelivered_total(harness, keys) == 1, timeout=5,
                                message="redelivered_total, written by the heartbeat thread (it flushes at every beat)")
         else:
-            time.sleep(3.0)    # ten times the retry's delay, with the worker fetching all along
+            # Positive signal: once the retry is due, the worker took five more messages, each fetch after
+            # one that took a message (when a fetch moves due retries, docs of worker/fetch_moves.py).
+            store = ParkedStore(harness.redis, keys)
+            due = store.next_due()
+            assert due is not None
+            harness.wait_until(lambda: time.time() > due, timeout=10, message="the retry due")
+            after = [harness.send("proj.noop", args=(-2,)).id for _ in range(5)]
+            harness.wait_until(lambda: all(harness.deliveries(i) for i in after), timeout=30,
+                               message="five messages fetched after the retry was due")
             assert len(harness.deliveries(task_id)) == 1
-            assert ParkedStore(harness.redis, keys).count() == 1
+            assert store.count() == 1
         assert harness.redis.get(keys.mover_lease) == b"elsewhere:1:lease"   # the mover never moved
     finally:
         stop.set()

@@ -14,7 +14,8 @@ import pytest
 from celery_dlq import headers as H
 from celery_dlq.fingerprint import group_id
 from celery_dlq.storage import groups
-from celery_dlq.storage.keys import QueueLists
+from celery_dlq.storage.keys import Keys, QueueLists
+from celery_dlq.storage.store import ParkedStore
 
 pytestmark = pytest.mark.integration
 
@@ -93,8 +94,11 @@ def test_group_counts_stay_exact_through_kill_replay_purge_and_trims(harness):
     harness.worker(concurrency=2, name="w3")
     harness.wait_until(lambda: harness.redis.llen(q) == 0 and harness.redis.llen(f"DLQ.{q}") == 20
                        and recount(harness)[key_group] > 0, timeout=120, message="the replayed ones back, trimmed")
-    time.sleep(0.5)   # the last trims of the last dead letters
-    harness.wait_until(lambda: harness.redis.llen(f"DLQ.{q}") == 20, timeout=30, message="20 left")
+    # Each message is acknowledged after its dead letter and its retention: nothing queued, parked or in
+    # flight, the last trims are done (the store counted before the queue, as entries move store -> queue).
+    store = ParkedStore(harness.redis, Keys(harness.prefix))
+    harness.wait_until(lambda: store.count() == 0 and harness.redis.llen(q) == 0 and harness.in_flight() == 0
+                       and harness.redis.llen(f"DLQ.{q}") == 20, timeout=30, message="settled, 20 left")
     after = assert_exact(harness)
     assert sum(after.values()) == 20 and set(after) <= {key_group, value_group} | lost
     assert int(harness.redis.hget(f"{{{harness.prefix}}}:stats", "dead_letters_trimmed") or 0) > 0

@@ -142,6 +142,14 @@ def scrape(collector: DLQCollector) -> dict[tuple[str, tuple], float]:
     return samples
 
 
+def scrape_up(collector: DLQCollector) -> dict[tuple[str, tuple], float]:
+    """A scrape that read Redis: ``collect()`` turns any exception into ``redis_up 0``, so a test asserting
+    what a scrape did NOT do (a command, a DLQ) first checks that it ran at all."""
+    samples = scrape(collector)
+    assert samples[("celery_dlq_redis_up", ())] == 1, f"the scrape failed (see the log): {samples}"
+    return samples
+
+
 def letter(task_id: str, at: float | None, queue: str, task: str = "shop.charge") -> bytes:
     """A small dead letter as kombu's Redis transport stores it."""
     headers = H.dead_letter_headers({"id": task_id, "task": task, "lang": "py"}, delivery=3, queue=queue,
@@ -330,14 +338,14 @@ def test_a_scrape_costs_the_same_round_trips_whatever_the_depth(setup):
     op = Operator(s.app, broker=Counting(s.client), client=s.client, clock=s.clock)
     collector = DLQCollector(operator=op, clock=s.clock)
     s.push(10, T0)
-    scrape(collector)                             # the first scrape looks for DLQs (SCAN)
+    scrape_up(collector)                          # the first scrape looks for DLQs (SCAN)
     assert ["scan_iter"] in calls
     calls.clear()
-    scrape(collector)
+    scrape_up(collector)
     shallow = list(calls)
     s.push(5000, T0)
     calls.clear()
-    scrape(collector)
+    assert scrape_up(collector)[("celery_dlq_dead_letters", (("dlq", s.dlq), ("queue", s.queue)))] == 5010
     assert calls == shallow
     assert len(calls) == 1 and set(calls[0]) == {"LLEN", "LINDEX"}   # one pipeline, 2 commands per sub-list
 
@@ -349,11 +357,11 @@ def test_dlqs_found_by_scan_are_looked_for_again_after_discover_every(setup):
     s.push(2, T0, dlq=f"DLQ.{s.queue}late")       # not configured: only SCAN finds it
     s.park(1, due=T0 + 60, queue=f"{s.queue}p")   # a queue with parked retries: its DLQ is known at once
     late = ("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}late"), ("queue", f"{s.queue}late")))
-    got = scrape(s.collector)
+    got = scrape_up(s.collector)
     assert late not in got
     assert got[("celery_dlq_dead_letters", (("dlq", f"DLQ.{s.queue}p"), ("queue", f"{s.queue}p")))] == 0
     now[0] += 59.9
-    assert late not in scrape(s.collector)
+    assert late not in scrape_up(s.collector)
     now[0] += 0.1
     scrape(s.collector)                           # starts the SCAN in the background...
     s.collector.discovery.join(5)
