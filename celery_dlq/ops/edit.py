@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlq import headers as H
 from celery_dlq.errors import DLQError
 from celery_dlq.message import with_arguments
-from celery_dlq.ops.letters import DeadLetter
+from celery_dlq.ops.audit import Actor, Audit, outcome_counts
+from celery_dlq.ops.letters import DeadLetter, TaskIds
+from celery_dlq.ops.queue import DeadLetterQueue, Outcome
+from celery_dlq.ops.selection import Selection
 
 #: Headers an edit may not change: the task's identity, its place in a workflow, Celery's own bookkeeping.
 PROTECTED_HEADERS = frozenset({
@@ -108,7 +110,15 @@ class Edit:
                                               "content-encoding": edited.content_encoding})
 
 
-def edited_note(letter: DeadLetter) -> dict:
-    """The letter's headers celery-dlq keeps, for the audit record of an edit."""
-    return {"task_name": letter.task_name, "replay_count": letter.replay_count,
-            "original_queue": letter.header(H.ORIGINAL_QUEUE)}
+def replay_edited(dead: DeadLetterQueue, edit: Edit, actor: Actor, *, to: str | None = None) -> Outcome:
+    """Replay the oldest dead letter of ``edit.task_id`` from ``dead`` with the edit made; audited with the
+    original arguments and headers. :class:`BadEdit` before anything moves when the edit cannot be made."""
+    letter = dead.get(edit.task_id)
+    if letter is None:
+        return Outcome(not_found=[edit.task_id])
+    edit.check(letter)
+    out = dead.replay(TaskIds([edit.task_id]), to=to, limit=1, edit=edit.apply)
+    Audit(dead.op).record("edit", actor, dlq=dead.name, selection=Selection.of([edit.task_id]),
+                          counts=outcome_counts(out), task_id=edit.task_id, task_name=letter.task_name, to=to,
+                          original=edit.original(letter), edited=edit.as_dict())
+    return out
