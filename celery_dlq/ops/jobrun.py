@@ -10,6 +10,7 @@ atomically (``ops/queue.py``), so none is delivered twice.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -27,28 +28,43 @@ from celery_dlq.storage.jobs import PAUSED, JobStateError
 logger = logging.getLogger(__name__)
 
 #: Seconds a paused job's runner waits between looks at its state; failed letters' ids a job remembers.
-POLL, MAX_SKIPPED = 1.0, 1000
+POLL, MAX_SKIPPED, MAX_ERRORS = 1.0, 1000, 100
 
 
-class Skipping:
-    """A job's selector without the letters it could not replay (no target): a later batch must not meet them
-    again, or a job paced at one letter a batch would never get past one."""
+class JobPass:
+    """A job's selector: letters dead-lettered before the job was created (a letter it replays that fails again
+    is not its to replay again), less those it could not replay (no target): a later batch must not meet
+    them again, or a job paced at one letter a batch would never get past one."""
 
-    def __init__(self, inner: Selector | None, skipped: set[str]) -> None:
-        self.inner, self.skipped = inner, skipped
-        self.last: Skipping | None = None   # the pass started last: the ids it did not take
+    def __init__(self, inner: Selector | None, skipped: set[str], before: float) -> None:
+        self.inner, self.skipped, self.before = inner, skipped, before
+        self.last: JobPass | None = None   # the pass started last: the ids it did not take
+        self.unknown: list[str] = []       # keys of letters without a task id it took
 
-    def start(self) -> Skipping:
+    def start(self) -> JobPass:
         start = getattr(self.inner, "start", None)
-        self.last = Skipping(start() if callable(start) else self.inner, self.skipped)
+        self.last = JobPass(start() if callable(start) else self.inner, self.skipped, self.before)
         return self.last
 
     def matches(self, letter: DeadLetter) -> bool:
-        return letter.task_id not in self.skipped and (self.inner is None or self.inner.matches(letter))
+        key = letter_key(letter)
+        at = letter.dead_lettered_at
+        if key in self.skipped or (at is not None and at >= self.before):
+            return False
+        if self.inner is not None and not self.inner.matches(letter):
+            return False
+        if not letter.task_id:
+            self.unknown.append(key)
+        return True
 
     @property
     def missing(self) -> list[str]:
         return list(getattr(self.inner, "missing", []))
+
+
+def letter_key(letter: DeadLetter) -> str:
+    """What a job remembers a letter by: its task id, or a hash of what is stored (an element without one)."""
+    return letter.task_id or "raw:" + hashlib.blake2b(bytes(letter.raw), digest_size=8).hexdigest()
 
 
 @dataclass
@@ -104,6 +120,7 @@ class JobRunner:
     def _loop(self, job: Job, state: str | None) -> None:
         dead = DeadLetterQueue(self.op, job.dlq)
         pace = _Pace(job.rate, self.op.clock())
+        errors = list(job.errors)
         skipped, ids_left, moved = set(job.skipped), job.ids_left, sum(job.counts.get(n, 0) for n in ("done",
                                                                                                            "missing"))
         while state is not None and not self.stopping:
@@ -120,12 +137,12 @@ class JobRunner:
                 n = min(n, job.limit - moved)
             if selection is None or n <= 0:
                 return self._end(job, "finish", "")
-            where = Skipping(selection.selector(every=job.kind == "purge"), skipped)
+            where = JobPass(selection.selector(every=job.kind == "purge"), skipped, job.created)
             out = self._batch(dead, job, where, n)
             out.not_found = where.last.missing if where.last is not None else []
             moved += out.done + out.missing
             exhausted = out.matched < n
-            fields = self._remember(job, out, skipped, exhausted)
+            fields = self._remember(job, out, where, skipped, errors, exhausted)
             if fields.get("ids_left") is not None:
                 ids_left = json.loads(fields["ids_left"])
             self.store.set(job.id, fields)
@@ -140,20 +157,28 @@ class JobRunner:
                 state = self._claim(job.id, take=False)
         return None
 
-    def _batch(self, dead: DeadLetterQueue, job: Job, where: Skipping, n: int) -> Outcome:
+    def _batch(self, dead: DeadLetterQueue, job: Job, where: JobPass, n: int) -> Outcome:
         if job.kind == "purge":
             return dead.purge(where, force=True, limit=n)
         return dead.replay(where, to=job.to, limit=n)
 
     @staticmethod
-    def _remember(job: Job, out: Outcome, skipped: set[str], exhausted: bool) -> dict[str, Any]:
-        """The record's fields after a batch: letters that could not be replayed, a by-id job's ids left."""
+    def _remember(job: Job, out: Outcome, where: JobPass, skipped: set[str], errors: list[str],
+                  exhausted: bool) -> dict[str, Any]:
+        """The record's fields after a batch: letters that could not be replayed (and why), a by-id job's ids."""
         fields: dict[str, Any] = {}
         if out.failed:
-            skipped.update(line.partition(": ")[0] for line in out.failed)
+            ids = {line.partition(": ")[0] for line in out.failed}
+            skipped.update(ids - {"<unknown id>"})
+            if "<unknown id>" in ids and where.last is not None:
+                skipped.update(where.last.unknown)
             fields["skipped"] = json.dumps(sorted(skipped)[:MAX_SKIPPED])
+            errors.extend(out.failed[:MAX_ERRORS - len(errors)])
+            fields["errors"] = json.dumps(errors)
         if job.selection.get("ids"):
             fields["ids_left"] = json.dumps([] if exhausted else out.not_found)
+            if exhausted:
+                fields["not_found_ids"] = json.dumps(out.not_found[:MAX_SKIPPED])
         return fields
 
     def _step(self, job: Job, pace: _Pace, start: float) -> _Pace:

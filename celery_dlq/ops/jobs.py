@@ -21,12 +21,11 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery_dlq.errors import DLQError
 from celery_dlq.ops.audit import Actor, Audit, os_identity, selection_dict
-from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.queue import refuse_self_replay
 from celery_dlq.ops.selection import Selection, parse_filter
 from celery_dlq.ops.velocity import Velocity
@@ -73,6 +72,10 @@ class Job:
     counts: dict = field(default_factory=dict)
     ids_left: list[str] | None = None
     skipped: list[str] = field(default_factory=list)
+    title: str = ""
+    expected: int | None = None
+    errors: list[str] = field(default_factory=list)
+    not_found_ids: list[str] = field(default_factory=list)
 
     @classmethod
     def from_record(cls, rec: dict[str, str]) -> Job:
@@ -87,7 +90,9 @@ class Job:
             queue=rec.get("queue", ""), group=rec.get("group", ""), owner=rec.get("owner", ""),
             lease_until=(number(rec.get("lease_until")) or 0.0) / 1000, takeovers=int(rec.get("takeovers") or 0),
             counts={name: int(rec.get(name) or 0) for name in COUNTS},
-            ids_left=_json(rec.get("ids_left"), None), skipped=_json(rec.get("skipped"), []))
+            ids_left=_json(rec.get("ids_left"), None), skipped=_json(rec.get("skipped"), []),
+            title=rec.get("title", ""), expected=int(rec["expected"]) if rec.get("expected") else None,
+            errors=_json(rec.get("errors"), []), not_found_ids=_json(rec.get("not_found_ids"), []))
 
     @property
     def ended(self) -> bool:
@@ -101,20 +106,21 @@ class Job:
         return Velocity(self.rate, self.cap, self.interval)
 
     def where(self) -> Selection | None:
-        """The selection, narrowed to letters dead-lettered before the job was created; None when its ids are done."""
+        """What the job selects (its ids left, when by id); None when its ids are all done. The runner takes
+        only letters dead-lettered before the job was created (``ops/jobrun.py``)."""
         spec = self.selection
         if spec.get("ids") and self.ids_left == []:
             return None
         filters = {name: repr(v) if isinstance(v, float) else v for name, v in (spec.get("filter") or {}).items()}
-        where = parse_filter(filters) or Filter()
-        where = replace(where, until=min(where.until or self.created, self.created))
         ids = spec.get("ids") or []
-        return Selection(tuple(self.ids_left if self.ids_left is not None and ids else ids), where, True)
+        return Selection(tuple(self.ids_left if self.ids_left is not None and ids else ids), parse_filter(filters),
+                         True)
 
     def as_dict(self) -> dict:
         out = {name: getattr(self, name) for name in (
             "id", "kind", "dlq", "state", "selection", "to", "limit", "who", "why", "created", "finished", "reason",
-            "rate", "cap", "interval", "queue", "group", "owner", "lease_until", "takeovers")}
+            "rate", "cap", "interval", "queue", "group", "owner", "lease_until", "takeovers", "title", "expected",
+            "errors", "not_found_ids")}
         return {**out, **self.counts}
 
 
@@ -144,7 +150,8 @@ class Jobs:
 
     def start(self, name: str, selection: Selection, *, kind: str = "replay", actor: Actor | None = None,
               to: str | None = None, limit: int | None = None, velocity: Velocity = NO_CAP,
-              force: bool = False, queue: str = "", group: str = "") -> Job:
+              force: bool = False, queue: str = "", group: str = "", title: str = "",
+              expected: int | None = None) -> Job:
         """Record a new job on DLQ ``name`` (or the DLQ of queue ``name``); it runs when a runner takes it.
 
         :class:`~celery_dlq.storage.jobs.DLQBusy` when another unfinished job works that DLQ (unless
@@ -163,7 +170,8 @@ class Jobs:
         self.store.create(job_id, dead.name, {
             "kind": kind, "selection": json.dumps(chosen), "to": to, "limit": limit, "who": actor.who,
             "why": actor.why, "rate": velocity.rate, "cap": velocity.cap, "interval": velocity.interval,
-            "rate_at": now, "queue": queue, "group": group}, created=now, force=force)
+            "rate_at": now, "queue": queue, "group": group, "title": title or f"{kind} {chosen['described']} of "
+            f"{dead.name}", "expected": expected}, created=now, force=force)
         self.audit.record("start", actor, dlq=dead.name, selection=chosen, job_id=job_id, kind=kind, to=to,
                           velocity={"rate": velocity.rate, "cap": velocity.cap, "interval": velocity.interval})
         return self._get(job_id)
