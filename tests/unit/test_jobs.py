@@ -227,3 +227,15 @@ def test_a_purge_job_deletes_its_selection(op, fake):
     jobs = Jobs(op)
     job = jobs.start("DLQ.orders", Selection.of(everything=True), kind="purge")
     assert JobRunner(jobs).run(job.id).counts["done"] == 3 and op.depth("DLQ.orders") == 0
+
+
+def test_a_paced_job_passes_letters_it_cannot_replay_once_and_reports_them(op, fake):
+    fake.lpush("DLQ.orders", b"not a kombu message at all")   # the oldest: met first by every pass
+    dead = letters(fake, 2)
+    jobs = Jobs(op)
+    job = jobs.start("DLQ.orders", Selection.of(everything=True), velocity=Velocity(1.0))
+    ended = JobRunner(jobs, sleep=Sleeps(op.clock)).run(job.id)
+    assert ended.state == "done" and ended.counts["done"] == 2 and ended.counts["failed"] == 1
+    assert ended.errors == ["<unknown id>: not a kombu message"] and len(ended.skipped) == 1
+    assert fake.lrange("DLQ.orders", 0, -1) == [b"not a kombu message at all"]
+    assert sorted(m["headers"]["id"] for m in stored(fake, "orders")) == sorted(d.task_id for d in dead)
