@@ -9,11 +9,18 @@ from celery_dlq.ops.jobrun import JobRunner
 from celery_dlq.ops.jobs import Jobs
 from celery_dlq.ops.velocity import Velocity, batch_size, next_rate, step_due, wait
 from celery_dlq.storage.jobs import TRANSITIONS, DLQBusy, JobStateError, next_state
+from tests.unit.conftest import app  # noqa: F401  (a fixture, also under tests/integration/on_redis)
 from tests.unit.test_manage import T0, FakeClock, dead_letter, stored
 
 
 @pytest.fixture
-def op(app, fake):
+def fake(emptied_any_redis):
+    """fakeredis here; a real redis-server under tests/integration/on_redis (the job scripts run on both)."""
+    return emptied_any_redis
+
+
+@pytest.fixture
+def op(app, fake):  # noqa: F811  (the imported fixture)
     return Operator(app, broker=fake, client=fake, clock=FakeClock())
 
 
