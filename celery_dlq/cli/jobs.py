@@ -16,6 +16,7 @@ from celery.bin.base import CeleryCommand
 from celery_dlq.cli.base import EXIT_FAILED, Failure, dlq, operator
 from celery_dlq.cli.options import filter_options, json_option, make_selection, why_option
 from celery_dlq.cli.output import at, echo_json, print_table
+from celery_dlq.cli.plan import load_plan_at
 from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.jobrun import JobRunner
 from celery_dlq.ops.jobs import LEASE, Job, Jobs, Velocity
@@ -55,7 +56,7 @@ def jobs(ctx: click.Context, as_json: bool, limit: int) -> None:
 
 
 @jobs.command(cls=CeleryCommand)
-@click.argument("queue")
+@click.argument("queue", required=False)
 @click.argument("task_ids", nargs=-1)
 @filter_options
 @click.option("--all", "everything", is_flag=True, help="Every dead letter of QUEUE (when no id or filter).")
@@ -69,14 +70,30 @@ def jobs(ctx: click.Context, as_json: bool, limit: int) -> None:
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option("--force", is_flag=True, help="Start even when another unfinished job works this DLQ.")
 @click.option("--run", "run_here", is_flag=True, help="Run it in this process now (else any runner takes it).")
+@click.option("--plan", "plan_path", metavar="DIR", help="One job per DLQ of a report's replay plan (as replay "
+              "--plan; QUEUE, ids and filters do not combine with it).")
 @why_option
 @click.pass_context
-def start(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything: bool, purge: bool,
+def start(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], everything: bool, purge: bool,
           to: str | None, limit: int | None, rate: float | None, cap: float | None, interval: float, force: bool,
-          run_here: bool, why: str | None, **filters: Any) -> None:
+          run_here: bool, plan_path: str | None, why: str | None, **filters: Any) -> None:
     """Start a job replaying (or, with --purge, deleting) dead letters of QUEUE; prints its id."""
     if cap is not None and rate is None:
         raise click.UsageError("--cap rises from --rate: give both")
+    if plan_path is not None:
+        if queue or task_ids or everything or purge or limit or any(v is not None for v in filters.values()):
+            raise click.UsageError("--plan selects the letters itself: no QUEUE, ids, filters, --all, --purge "
+                                   "or --limit")
+        handle = _jobs(ctx)
+        started = handle.start_plan(load_plan_at(plan_path).by_dlq(), actor=Actor.of(why=why), to=to,
+                                    velocity=Velocity(rate, cap, interval), force=force)
+        for job in started:
+            click.echo(f"job {job.id} started: {job.title}, {_rate(job)}")
+        for job in started if run_here else ():
+            _run_one(handle, job.id)
+        return
+    if queue is None:
+        raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
     selection = make_selection(task_ids, everything, filters)
     handle = _jobs(ctx)
     job = handle.start(queue, selection, kind="purge" if purge else "replay", actor=Actor.of(why=why), to=to,

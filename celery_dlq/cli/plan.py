@@ -29,7 +29,7 @@ def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: 
         raise click.UsageError(f"--plan selects the dead letters itself: drop {', '.join(given)}")
 
 
-def _load_plan(path: str) -> Any:
+def load_plan_at(path: str) -> Any:
     """The replay plan at ``path``, read with pyarrow alone (never pyspark, so never a JVM).
 
     A missing, unfinished or unreadable plan is a usage error (exit 2) in one
@@ -58,7 +58,7 @@ def _one_line(exc: BaseException) -> str:
 def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | None, rate: float | None,
                 dry_run: bool, why: str | None = None) -> None:
     """``replay --plan``: every DLQ of the plan (or ``only``), checked first, then replayed in one pass each."""
-    plan = _load_plan(path)
+    plan = load_plan_at(path)
     try:
         replay = PlanReplay(operator(ctx), plan.by_dlq(), only=only, to=to)
     except (PlanError, ReplayIntoItself) as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +187,12 @@ class Jobs:
         return self.start(dead.name, Selection.of(where=where), kind="redrive",
                           actor=actor or Actor.of(why="automatic redrive"),
                           velocity=Velocity(start, cap, interval), force=force, queue=queue, group=group)
+
+    def start_plan(self, by_dlq: Mapping[str, Iterable[str]], **kw: Any) -> list[Job]:
+        """One job per DLQ of a report's replay plan (``ReplayPlan.by_dlq()``: DLQ -> task ids), each replaying
+        the oldest dead letter of each of its ids; every DLQ is checked before any job starts."""
+        shares = {self.op.queue(name).name: list(dict.fromkeys(ids)) for name, ids in by_dlq.items()}
+        return [self.start(name, Selection.of(ids), **kw) for name, ids in shares.items() if ids]
 
     def _queue_of(self, dlq: str, group: str) -> str:
         """The queue a DLQ's group failed on: its index's ``original_queue``, else the DLQ's configured queue."""

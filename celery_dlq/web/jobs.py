@@ -120,6 +120,10 @@ class DashboardJobs:
         self._taker = threading.Thread(target=loop, name="dlq-web-jobs", daemon=True)
         self._taker.start()
 
+    def stop(self) -> None:
+        """Stop taking over jobs (and this process's runs, after the batch each is moving)."""
+        self.runner.stopping = True
+
     def get(self, job_id: str) -> WebJob | None:
         return WebJob(self.jobs, job_id) if self.jobs.get(job_id) is not None else None
 

@@ -62,3 +62,31 @@ def test_an_edited_replay_from_the_cli_runs_the_new_args_and_keeps_the_original(
     assert message["headers"]["x-note"] == "fixed" and message["headers"]["id"] == letter.task_id
     (record,) = json.loads(run(app, fake, "audit", "--json", ops=ops).output)
     assert record["action"] == "edit" and record["original"]["args"] == [1] and record["why"] == "typo"
+
+
+def test_a_replay_plan_starts_one_job_per_dlq_and_runs_them(app, fake, tmp_path):
+    from tests.unit.test_cli_plan import write_plan
+
+    a, b = dead_letter(fake, args=(1,)), dead_letter(fake, args=(2,))
+    mail = dead_letter(fake, task="shop.send_receipt", queue="emails")
+    plan = write_plan(tmp_path, [a, mail])
+    ops = Operator(app, broker=fake, client=fake)
+    refused = run(app, fake, "jobs", "start", "orders", "--plan", str(plan), ops=ops)
+    assert refused.exit_code == 2 and "--plan selects the letters itself" in refused.output
+    out = run(app, fake, "jobs", "start", "--plan", str(plan), "--run", "--why", "report 12", ops=ops)
+    assert out.exit_code == 0, out.output
+    assert out.output.count("started: replay 1 selected task id(s) of DLQ.") == 2 and out.output.count(" done: 1 moved") == 2
+    assert [m["headers"]["id"] for m in stored(fake, "orders")] == [a.task_id]
+    assert [m["headers"]["id"] for m in stored(fake, "emails")] == [mail.task_id]
+    assert [m["headers"]["id"] for m in stored(fake, "DLQ.orders")] == [b.task_id]
+
+
+def test_follow_prints_until_the_job_ends_and_takes_over_a_job_nobody_runs(app, fake):
+    dead_letter(fake)
+    ops = Operator(app, broker=fake, client=fake)
+    job_id = run(app, fake, "jobs", "start", "orders", "--all", ops=ops).output.split()[1]
+    out = run(app, fake, "jobs", "follow", job_id, "--every", "0.05", ops=ops)
+    assert out.exit_code == 0 and out.output.splitlines()[-1].startswith(f"job {job_id} done: 1 moved"), out.output
+    assert fake.llen("orders") == 1
+    (row,) = json.loads(run(app, fake, "jobs", "follow", job_id, "--json", ops=ops).output)
+    assert row["state"] == "done"

@@ -95,3 +95,15 @@ def test_the_edit_form_checks_its_json_and_replays_the_letter_edited(web, op, fa
     assert (record["action"], record["who"], record["why"]) == ("edit", "otto", "wrong amount")
     assert record["original"]["args"] == [0] and record["edited"]["args"] == [5]
     assert "original and edit" in operator.get("/audit").text
+
+
+def test_a_dashboard_with_take_over_jobs_runs_a_job_whose_process_died(app, op, fake):
+    ids = letters(fake, 2)
+    job = Jobs(op).start("DLQ.orders", Selection.of(ids))   # started, never run: as if its process died
+    web = create_app(app, basic_auth=USERS, operator=op, take_over_jobs=0.05)
+    try:
+        ended = web.state.jobs.wait(job.id, timeout=30)
+        assert ended.state == "done" and ended.done == 2 and fake.llen("orders") == 2
+        assert ended.owner == web.state.jobs.jobs.owner
+    finally:
+        web.state.jobs.stop()
