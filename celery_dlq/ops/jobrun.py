@@ -96,6 +96,8 @@ class JobRunner:
         for job_id in self.store.orphans(self._now_ms(), limit):
             if self.stopping:
                 break
+            if (self.store.get(job_id) or {}).get("state") == PAUSED:
+                continue   # a paused job needs no runner: whoever looks after its resume takes it
             if self.run(job_id) is not None:
                 ran.append(job_id)
         return ran
@@ -115,6 +117,8 @@ class JobRunner:
         except Exception as exc:   # the job says why it failed; the process carries on
             logger.exception("celery-dlq: job %s failed", job_id)
             self._end(job, "fail", f"{type(exc).__name__}: {exc}")
+        if self.stopping:   # stopped with the job unfinished: its lease ends now, another takes it at once
+            self.store.claim(job_id, self.jobs.owner, self._now_ms(), 0, take=False)
         return self.jobs.get(job_id)
 
     def _loop(self, job: Job, state: str | None) -> None:

@@ -246,3 +246,22 @@ def test_a_paced_job_passes_letters_it_cannot_replay_once_and_reports_them(op, f
     assert ended.errors == ["<unknown id>: not a kombu message"] and len(ended.skipped) == 1
     assert fake.lrange("DLQ.orders", 0, -1) == [b"not a kombu message at all"]
     assert sorted(m["headers"]["id"] for m in stored(fake, "orders")) == sorted(d.task_id for d in dead)
+
+
+def test_a_stopped_runner_gives_its_job_back_and_a_paused_orphan_waits_for_its_resume(op, fake):
+    letters(fake, 4)
+    a, b = Jobs(op, owner="a"), Jobs(op, owner="b")
+    job = a.start("DLQ.orders", Selection.of(everything=True), velocity=Velocity(1.0))
+    runner = JobRunner(a)
+
+    def stop():
+        runner.stopping = True   # a worker shutting down, from another thread
+
+    runner.sleep = Sleeps(op.clock, {1: stop})
+    assert runner.run(job.id).state == "running" and op.depth("DLQ.orders") == 3
+    assert b.store.orphans(int(op.clock() * 1000)) == [job.id]       # given back: no lease to wait out
+    b.pause(job.id)
+    assert JobRunner(b).take_orphans() == [] and b.get(job.id).owner == "a"
+    b.resume(job.id)
+    assert JobRunner(b, sleep=Sleeps(op.clock)).take_orphans() == [job.id]
+    assert b.get(job.id).state == "done" and op.depth("DLQ.orders") == 0
