@@ -275,9 +275,11 @@ def letter_entries(kind: str, letters: Iterable[Any], *, dlq: str, now: float | 
 
 def action_event(record: Mapping[str, Any], text: str) -> Event:
     """The ``operator_action`` event of an audit record (``storage/audit.py``): ``reason`` is the action,
-    ``worker`` who took it, ``exception_message`` why, ``record`` the whole record (``text``, its JSON)."""
+    ``worker`` who took it, ``exception_message`` why, ``record`` the whole record (``text``, its JSON);
+    ``queue`` (the export's partition) the queue it names, else its DLQ."""
     return Event(type=EventType.OPERATOR_ACTION, ts_us=to_us(record.get("at")) or to_us(time.time()) or 0,
                  task_id=str(record.get("task_id") or ""), dlq=str(record.get("dlq") or ""),
+                 queue=str(record.get("queue") or record.get("dlq") or ""),
                  reason=str(record.get("action") or ""), exception_message=H.truncate(str(record.get("why") or ""),
                                                                                       H.MAX_SUMMARY),
                  worker=str(record.get("who") or ""), record=text)
