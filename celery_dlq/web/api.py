@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from celery_dlq.errors import DLQError
 from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.jobs import JobStateError
 from celery_dlq.web.actions import PARKED_VERBS, VERBS, Action, act_on_parked, start
@@ -92,6 +93,8 @@ async def job_action(request: Request) -> Response:
                                 Actor(request.state.user, str(data.get("why") or "")))
     except JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
+    except DLQError as exc:   # no such job
+        raise HTTPException(404, str(exc)) from None
     return job_status(request)
 
 

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from celery_dlq.errors import DLQError
 from celery_dlq.ops import Operator, Outcome, Selection
 from celery_dlq.ops.audit import Actor, Audit
 from celery_dlq.ops.jobrun import JobRunner
@@ -161,6 +162,8 @@ async def job_action(request: Request) -> Response:
         await run_in_threadpool(getattr(handle, action), job_id, actor)
     except JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
+    except DLQError as exc:   # no such job
+        raise HTTPException(404, str(exc)) from None
     logger.info("celery-dlq web: %s job %s by %s", action, job_id, request.state.user)
     return RedirectResponse(href(request, f"/jobs/{job_id}"), 303)
 

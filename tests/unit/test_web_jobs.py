@@ -49,6 +49,8 @@ def test_a_job_run_elsewhere_is_paused_resumed_and_cancelled_from_the_dashboard_
     rows = re.findall(r'<tr class="audit" data-action="(\w+)"><td>[^<]*</td><td>([^<]*)</td>', viewer.get("/audit").text)
     assert rows == [("cancel", "otto"), ("resume", "otto"), ("pause", "otto"), ("start", "cron")]
     assert f'data-job-id="{job.id}" data-state="cancelled"' in viewer.get("/jobs").text
+    assert operator.post("/jobs/nope/pause", data={"csrf_token": csrf(operator)}).status_code == 404
+    assert operator.post("/api/jobs/nope/cancel", json={}).status_code == 404
 
 
 def test_a_purge_needs_a_reason_and_the_audit_page_shows_who_and_why(web, op, fake):
