@@ -61,6 +61,7 @@ class Action:
             raise HTTPException(400, f"unknown action {verb!r}")
         self.verb, self.query = verb, Query.parse(params)
         self.to = (params.get("to") or "").strip() or None
+        self.rate = _rate(params.get("rate"))
         try:
             self.chosen = Selection.of(params.getlist("id"), self.query.selection(), params.get("all") == "1")
         except NothingSelected:
@@ -114,9 +115,23 @@ async def start(request: Request, name: str, selection: Action, expected: int | 
     try:   # ticked ids nobody found come back in the job's ``not_found``
         return await run_in_threadpool(lambda: request.app.state.jobs.start(
             dead.name, selection.chosen, verb=verb, actor=Actor(request.state.user, why), to=selection.to,
-            title=selection.describe(dead), total=expected))
+            title=selection.describe(dead), total=expected, rate=selection.rate))
     except DLQBusy as exc:
         raise HTTPException(409, f"{exc} (job {exc.holder}: {href(request, '/jobs/' + exc.holder)})") from None
+
+
+def _rate(value: Any) -> float | None:
+    """A replay's pace (letters a second; blank: no cap); 400 for anything but a number > 0."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate < float("inf"):
+        raise HTTPException(400, f"rate is letters a second, a number > 0 (or blank: no cap), got {text[:50]!r}")
+    return rate
 
 
 def _expected(form: FormData) -> int | None:

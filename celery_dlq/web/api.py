@@ -2,7 +2,7 @@
 
 ``POST /api/dlq/<dlq>/replay|purge`` takes ``{"ids": [...]}``, ``{"filter":
 {"task": "shop.*", ...}}`` (the names of ``celery dlq list``'s filters) or
-``{"all": true}``, ``"to"`` for a replay and ``"why"`` (required for a purge);
+``{"all": true}``, ``"to"`` and ``"rate"`` (letters a second) for a replay, ``"why"`` (required for a purge);
 it starts the job and answers 202 with its id. ``GET /api/jobs/<id>`` tells how
 far it got; ``POST /api/jobs/<id>/pause|resume|cancel`` acts on it.
 ``POST /api/parked/redeliver|delete`` takes ``{"entry_id": ...}``.
@@ -60,16 +60,18 @@ def selection_params(data: dict) -> ImmutableMultiDict:
     filters = data.get("filter") or {}
     if not isinstance(filters, dict) or not isinstance(data.get("ids") or [], list):
         raise HTTPException(400, '"filter" must be an object and "ids" a list')
-    unknown = sorted(set(filters) - set(FILTERS)) + sorted(set(data) - {"ids", "filter", "all", "to", "why"})
+    unknown = sorted(set(filters) - set(FILTERS)) + sorted(set(data) - {"ids", "filter", "all", "to", "why", "rate"})
     if unknown:   # a typo must not widen the selection nor pass unnoticed
         raise HTTPException(400, f"unknown field {unknown[0]!r}: the body takes ids, filter ({', '.join(FILTERS)}), "
-                                 "all, to, why")
+                                 "all, to, why, rate")
     items: list[tuple[str, Any]] = [("id", str(i)) for i in data.get("ids") or []]
     items += [(str(k), str(v)) for k, v in filters.items()]
     if data.get("all") is True:
         items.append(("all", "1"))
     if data.get("to"):
         items.append(("to", str(data["to"])))
+    if data.get("rate") is not None:
+        items.append(("rate", str(data["rate"])))
     return ImmutableMultiDict(items)
 
 

@@ -22,7 +22,7 @@ from celery_dlq.errors import DLQError
 from celery_dlq.ops import Operator, Outcome, Selection
 from celery_dlq.ops.audit import Actor, Audit
 from celery_dlq.ops.jobrun import JobRunner
-from celery_dlq.ops.jobs import Job, Jobs, JobStateError
+from celery_dlq.ops.jobs import Job, Jobs, JobStateError, Velocity
 from celery_dlq.web.actions import posted
 from celery_dlq.web.render import href, render
 
@@ -98,8 +98,9 @@ class DashboardJobs:
         self._taker: threading.Thread | None = None
 
     def start(self, name: str, selection: Selection, *, verb: str, actor: Actor, to: str | None,
-              title: str, total: int | None) -> WebJob:
-        job = self.jobs.start(name, selection, kind=verb, actor=actor, to=to, title=title, expected=total)
+              title: str, total: int | None, rate: float | None = None) -> WebJob:
+        job = self.jobs.start(name, selection, kind=verb, actor=actor, to=to, title=title, expected=total,
+                              velocity=Velocity(rate))
         threading.Thread(target=self._run, args=(job.id,), name=f"dlq-web-{job.id}", daemon=True).start()
         return WebJob(self.jobs, job.id)
 

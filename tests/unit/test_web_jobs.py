@@ -109,3 +109,15 @@ def test_a_dashboard_with_take_over_jobs_runs_a_job_whose_process_died(app, op, 
         assert ended.owner == web.state.jobs.jobs.owner
     finally:
         web.state.jobs.stop()
+
+
+def test_a_replay_from_the_dashboard_may_be_paced(web, op, fake):
+    ids = letters(fake, 2)
+    operator = client(web, auth=AS[OPERATOR])
+    assert 'id="rate"' in operator.get("/dlq/DLQ.orders/confirm?action=replay&all=1").text
+    bad = operator.post("/dlq/DLQ.orders/replay", data={"csrf_token": csrf(operator), "all": "1", "rate": "fast"})
+    assert bad.status_code == 400 and "rate is letters a second" in bad.text and fake.llen("DLQ.orders") == 2
+    assert operator.post("/api/dlq/DLQ.orders/replay", json={"all": True, "rate": -1}).status_code == 400
+    started = operator.post("/api/dlq/DLQ.orders/replay", json={"ids": ids, "rate": 1000})
+    job = web.state.jobs.wait(started.json()["job_id"])
+    assert job.rate == 1000.0 and job.done == 2 and fake.llen("orders") == 2
