@@ -15,10 +15,12 @@ from celery.bin.base import CeleryCommand
 
 from celery_dlq import headers as H
 from celery_dlq.cli.base import EXIT_FAILED, Failure, confirm, dlq, operator
-from celery_dlq.cli.options import filter_options, json_option, make_filter, make_selection
+from celery_dlq.cli.edit import replay_edited_letter
+from celery_dlq.cli.options import filter_options, json_option, make_filter, make_selection, why_option
 from celery_dlq.cli.output import at, console, cut, echo_json, echo_outcome, n_of, print_table, progress, workflow_line
 from celery_dlq.cli.plan import refuse_with_plan, replay_plan
 from celery_dlq.ops import DeadLetter, DeadLetterQueue, Filter, Outcome, Selector, TaskIds
+from celery_dlq.ops.audit import Actor, Audit, outcome_counts
 
 
 @dlq.command(cls=CeleryCommand)
@@ -129,9 +131,16 @@ def _total(dead: DeadLetterQueue, where: Selector | None, limit: int | None) -> 
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="At most this many messages/s.")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many messages.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; move nothing.")
+@why_option
+@click.option("--args", "new_args", metavar="JSON", help="Edit: replay the one letter of ID with these args "
+              "(a JSON array).")
+@click.option("--kwargs", "new_kwargs", metavar="JSON", help="Edit: replay it with these kwargs (a JSON object).")
+@click.option("--header", "new_headers", multiple=True, metavar="K=V",
+              help="Edit: replay it with this header set (V read as JSON when it is JSON). Repeatable.")
 @click.pass_context
 def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], everything: bool,
            plan_path: str | None, to: str | None, rate: float | None, limit: int | None, dry_run: bool,
+           why: str | None, new_args: str | None, new_kwargs: str | None, new_headers: tuple[str, ...],
            **filters: Any) -> None:
     """Send dead letters of QUEUE back to their original queue, delivery count reset.
 
@@ -142,15 +151,22 @@ def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], eve
     selected move (read with pyarrow, no JVM); ids, filters, --all and
     --limit do not combine with it.
     """
+    if new_args is not None or new_kwargs is not None or new_headers:
+        return replay_edited_letter(ctx, queue, task_ids, to=to, why=why, args=new_args, kwargs=new_kwargs,
+                                    headers=new_headers)
     if plan_path is not None:
         refuse_with_plan(ctx, task_ids, everything, limit, filters)
-        return replay_plan(ctx, plan_path, queue, to=to, rate=rate, dry_run=dry_run)
+        return replay_plan(ctx, plan_path, queue, to=to, rate=rate, dry_run=dry_run, why=why)
     if queue is None:
         raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
-    where = make_selection(task_ids, everything, filters).selector()
+    selection = make_selection(task_ids, everything, filters)
+    where = selection.selector()
     dead = operator(ctx).queue(queue)
     with progress(f"replaying {dead.name}", _total(dead, where, limit)) as advance:
         out = dead.replay(where, to=to, limit=limit, rate=rate, dry_run=dry_run, progress=advance)
+    if not dry_run:
+        Audit(dead.op).record("replay", Actor.of(why=why), dlq=dead.name, selection=selection,
+                              counts=outcome_counts(out), to=to)
     _report(dead.name, out, "Replayed")
 
 
@@ -160,19 +176,23 @@ def replay(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], eve
 @filter_options
 @click.option("--all", "everything", is_flag=True, help="Every dead letter of QUEUE (when no id or filter).")
 @click.option("-f", "--force", is_flag=True, help="Delete without asking. There is no undo.")
+@why_option
 @click.pass_context
 def purge(ctx: click.Context, queue: str, task_ids: tuple[str, ...], everything: bool, force: bool,
-          **filters: Any) -> None:
+          why: str | None, **filters: Any) -> None:
     """Delete dead letters of QUEUE for good (asks first, unless --force).
 
     By task id, every dead letter of that id goes.
     """
-    where = make_selection(task_ids, everything, filters).selector(every=True)
+    selection = make_selection(task_ids, everything, filters)
+    where = selection.selector(every=True)
     dead = operator(ctx).queue(queue)
     if not force:
         confirm(f"delete {n_of(dead.count(where), 'dead letter')} from {dead.name}")
     with progress(f"purging {dead.name}", _total(dead, where, None)) as advance:
         out = dead.purge(where, force=True, progress=advance)
+    Audit(dead.op).record("purge", Actor.of(why=why), dlq=dead.name, selection=selection,
+                          counts=outcome_counts(out))
     _report(dead.name, out, "Deleted")
 
 

@@ -61,3 +61,10 @@ def make_selection(ids: Iterable[str], everything: bool, filters: dict) -> Selec
 
 def json_option(f: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")(f)
+
+
+def why_option(f: Callable) -> Callable:
+    """``--why``: the operator's reason, recorded in the audit trail (``celery dlq audit``) with who (the OS
+    user@host) and when. Not ``--reason``: that is the filter on why letters were dead-lettered."""
+    return click.option("--why", "why", metavar="TEXT",
+                        help="Your reason: recorded in the audit trail (celery dlq audit) with who and when.")(f)

@@ -15,6 +15,7 @@ from kombu.utils.url import maybe_sanitize_url
 from celery_dlq.cli.base import EXIT_FAILED, EXIT_USAGE, Failure, operator
 from celery_dlq.cli.output import echo_outcome, n_of, progress
 from celery_dlq.ops import PlanError, PlanReplay, ReplayIntoItself
+from celery_dlq.ops.audit import Actor, Audit, outcome_counts
 
 
 def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: bool, limit: int | None,
@@ -28,7 +29,7 @@ def refuse_with_plan(ctx: click.Context, task_ids: tuple[str, ...], everything: 
         raise click.UsageError(f"--plan selects the dead letters itself: drop {', '.join(given)}")
 
 
-def _load_plan(path: str) -> Any:
+def load_plan_at(path: str) -> Any:
     """The replay plan at ``path``, read with pyarrow alone (never pyspark, so never a JVM).
 
     A missing, unfinished or unreadable plan is a usage error (exit 2) in one
@@ -55,9 +56,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | None, rate: float | None,
-                dry_run: bool) -> None:
+                dry_run: bool, why: str | None = None) -> None:
     """``replay --plan``: every DLQ of the plan (or ``only``), checked first, then replayed in one pass each."""
-    plan = _load_plan(path)
+    plan = load_plan_at(path)
     try:
         replay = PlanReplay(operator(ctx), plan.by_dlq(), only=only, to=to)
     except (PlanError, ReplayIntoItself) as exc:
@@ -72,6 +73,9 @@ def replay_plan(ctx: click.Context, path: str, only: str | None, *, to: str | No
     for name, expected in counts.items():
         with progress(f"replaying {name}", expected) as advance:
             out = replay.replay(name, rate=rate, dry_run=dry_run, progress=advance)
+        if not dry_run:
+            Audit(operator(ctx)).record("replay", Actor.of(why=why), dlq=name, selection={"plan": maybe_sanitize_url(
+                plan.path), "planned": expected}, counts=outcome_counts(out), to=to)
         echo_outcome(name, out, "Replayed", planned=expected)
         short += replay.shortfall(out)
     if short:

@@ -50,6 +50,8 @@ def _web() -> Any:
 @click.option("--no-auth", is_flag=True, help="No login at all; only with --bind 127.0.0.1.")
 @click.option("--refresh", type=click.IntRange(min=0), default=10, show_default=True,
               help="Seconds between the overview's reloads (0: never).")
+@click.option("--take-over-jobs", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              help="Also run redrive jobs whose process died, looking this often (0: only the jobs it starts).")
 @click.pass_context
 def web(ctx: click.Context, port: int, bind: str, basic_auth: tuple[str, ...], allowed_hosts: tuple[str, ...],
         trusted_proxies: tuple[str, ...], no_auth: bool, **options: Any) -> None:
@@ -65,7 +67,8 @@ def web(ctx: click.Context, port: int, bind: str, basic_auth: tuple[str, ...], a
     app = app_module.create_app(ctx.obj.app, basic_auth=basic_auth, no_auth=no_auth,
                                 allowed_hosts=[*hosts, *allowed_hosts], trusted_proxies=trusted_proxies,
                                 users_file=options["users_file"], token_role=options["token_role"],
-                                read_only=options["read_only"], refresh=options["refresh"])
+                                read_only=options["read_only"], refresh=options["refresh"],
+                                take_over_jobs=options["take_over_jobs"] or None)
     where = app.state.where
     logger.info("celery-dlq web: http://%s:%s/ (%s%s), %d user(s), broker %s, store %s", bind, port,
                 "no auth" if no_auth else "login required", ", read-only" if options["read_only"] else "",

@@ -37,6 +37,8 @@ from celery_dlq.storage.lists import OldestFirst
 if TYPE_CHECKING:
     from celery_dlq.ops.backend import Backend
 
+#: A replay's edit of each message it delivers: (letter, message) -> message.
+Rewrite = Callable[[DeadLetter, dict], dict]
 #: Dead letters read per LRANGE (and moved per pipeline).
 PAGE = 500
 #: kombu's ``json.dumps`` without building an encoder per call (the same encoder, the same text).
@@ -94,6 +96,7 @@ class DeadLetterQueue:
     def __init__(self, operator: Backend, name: str) -> None:
         self.op, self.name = operator, name
         self.sleep: Callable[[float], None] = time.sleep
+        self._edit: Rewrite | None = None
         self.monotonic: Callable[[], float] = time.monotonic
 
     def __repr__(self) -> str:
@@ -152,14 +155,15 @@ class DeadLetterQueue:
         return next(self.entries(Filter(task_id=task_id), limit=1), None)
 
     def replay(self, where: Selector | None = None, *, to: str | None = None, limit: int | None = None,
-               rate: float | None = None, dry_run: bool = False,
+               rate: float | None = None, dry_run: bool = False, edit: Rewrite | None = None,
                progress: Callable[[int], None] | None = None, batch: int = PAGE) -> Outcome:
         """Move matching dead letters back to their original queue (or ``to``), oldest first, in one pass.
 
         ``rate`` caps messages per second over the whole pass. Each message
         moves atomically (see ``lua/replay_batch.lua``); run it again after an
-        interruption.
+        interruption. ``edit`` rewrites each message delivered (``ops/edit.py``).
         """
+        self._edit = edit
         if rate is not None and not rate > 0:
             raise ValueError(f"rate must be > 0 messages/s, got {rate!r}")
         refuse_self_replay(self.name, to)
@@ -246,11 +250,15 @@ class DeadLetterQueue:
             batch.letters.append(letter)
             batch.queues.append(queue)
             args += [index(letter.key), index(list_key(queue, letter.properties.get("priority"))), letter.raw,
-                     _dumps(letter.replayed(exchange, routing_key, now, tag)), *groups.membership(letter.headers)]
+                     _dumps(self._rewrite(letter, letter.replayed(exchange, routing_key, now, tag))),
+                     *groups.membership(letter.headers)]
         if batch.letters and not out.dry_run:
             batch.counters = self.op.counter_keys(batch.letters)
             batch.entries = self.op.archive.replayed_entries(batch.letters, dlq=self.name, now=now)
         return batch
+
+    def _rewrite(self, letter: DeadLetter, message: dict) -> dict:
+        return message if self._edit is None else self._edit(letter, message)
 
     def _write(self, batch: _Batch) -> list[int]:
         """Move a planned batch, count and archive it; 1 (moved) or 0 (gone) per letter.

@@ -37,8 +37,9 @@ class EventType:
     REPLAYED = "replayed"            # an operator moved it from its DLQ back to a queue
     TRIMMED = "trimmed"              # retention deleted it from its DLQ (reason: why)
     PURGED = "purged"                # an operator deleted it from its DLQ
+    OPERATOR_ACTION = "operator_action"  # an operator's replay, purge, edit, pause, ... (the audit record)
 
-    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED)
+    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED, OPERATOR_ACTION)
 
 
 @dataclass(frozen=True)
@@ -270,3 +271,15 @@ def letter_entries(kind: str, letters: Iterable[Any], *, dlq: str, now: float | 
         else:
             out.append(event_of(kind, _as_envelope(letter), ts=now, dlq=dlq, reason=reason).entry())
     return out
+
+
+def action_event(record: Mapping[str, Any], text: str) -> Event:
+    """The ``operator_action`` event of an audit record (``storage/audit.py``): ``reason`` is the action,
+    ``worker`` who took it, ``exception_message`` why, ``record`` the whole record (``text``, its JSON);
+    ``queue`` (the export's partition) the queue it names, else its DLQ."""
+    return Event(type=EventType.OPERATOR_ACTION, ts_us=to_us(record.get("at")) or to_us(time.time()) or 0,
+                 task_id=str(record.get("task_id") or ""), dlq=str(record.get("dlq") or ""),
+                 queue=str(record.get("queue") or record.get("dlq") or ""),
+                 reason=str(record.get("action") or ""), exception_message=H.truncate(str(record.get("why") or ""),
+                                                                                      H.MAX_SUMMARY),
+                 worker=str(record.get("who") or ""), record=text)

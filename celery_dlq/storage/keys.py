@@ -153,6 +153,33 @@ class Keys:
         (``scope`` ``addr``) or one user name (``user``), shared by every dashboard process (``web/throttle.py``)."""
         return f"{self.base}:web:failures:{scope}:{who}"
 
+    def job(self, job_id: str) -> str:
+        """HASH: one redrive job (its fields: ``storage/jobs.py``); kept a week after it ends."""
+        return f"{self.base}:job:{job_id}"
+
+    @property
+    def jobs(self) -> str:
+        """ZSET job id -> when it was created (s): every job kept, newest last (``celery dlq jobs``)."""
+        return self.base + ":jobs"
+
+    @property
+    def job_leases(self) -> str:
+        """ZSET job id -> its owner's lease expiry (ms), running jobs only: one in the past is an orphan."""
+        return self.base + ":jobs:leases"
+
+    def job_lock(self, dlq: str) -> str:
+        """STRING: the id of the one unfinished job on ``dlq`` (one job per DLQ unless forced)."""
+        return f"{self.base}:jobs:dlq:{dlq}"
+
+    @property
+    def operator_log(self) -> str:
+        """STREAM, capped: the audit trail of operator actions (``storage/audit.py``)."""
+        return self.base + ":oplog"
+
+    def breaker(self, queue: str, group: str) -> str:
+        """HASH: failure group ``group``'s circuit breaker on ``queue`` (field ``state``: closed/open/half_open)."""
+        return f"{self.base}:breaker:{queue}:{group}"
+
     def delivery_count(self, task_id: str) -> str:
         """STRING counter: how many times the task's message was delivered."""
         return f"{self.base}:count:{task_id}"
@@ -242,7 +269,6 @@ class Keys:
     def move_keys(self) -> tuple[str, ...]:
         """The keys a move of due entries takes (``move_due.lua``, and ``fetch.lua`` when it moves), in order."""
         return (*self.store_keys(), self.stats, self.events, self.expiries)
-
 
 
 @lru_cache(maxsize=4096)

@@ -40,6 +40,9 @@ SCRIPT_NAMES = (
     "chord_hold",
     "chord_settle",
     "chord_park_unlock",
+    "job_create",
+    "job_state",
+    "job_claim",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

@@ -6,8 +6,8 @@ logged) unless the user's role may take it (:mod:`~celery_dlq.web.roles`:
 replay and redeliver need an operator, purge, delete and revoke an admin;
 on a read-only dashboard everyone is a viewer). A replay or purge first
 shows a confirmation (a GET) stating how many dead letters will move, then
-runs as a background job
-(:mod:`~celery_dlq.web.jobs`). What to act on is one of: the task ids
+runs as a job kept in Redis (:mod:`~celery_dlq.web.jobs`); a purge needs a
+reason (``why``), kept in the audit trail with the user. What to act on is one of: the task ids
 ticked (``id``), every dead letter matching the filter, or, with ``all``,
 the whole DLQ, the same selections as ``celery dlq replay``/``purge``.
 """
@@ -24,9 +24,10 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq.ops import DeadLetterQueue, NothingSelected, ReplayIntoItself, Selection, Selector
+from celery_dlq.ops.audit import Actor
+from celery_dlq.ops.jobs import DLQBusy
 from celery_dlq.ops.queue import refuse_self_replay
 from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE
-from celery_dlq.web.jobs import Job
 from celery_dlq.web.middleware import client_address, cookie_path
 from celery_dlq.web.query import Query
 from celery_dlq.web.render import href, render
@@ -60,6 +61,7 @@ class Action:
             raise HTTPException(400, f"unknown action {verb!r}")
         self.verb, self.query = verb, Query.parse(params)
         self.to = (params.get("to") or "").strip() or None
+        self.rate = _rate(params.get("rate"))
         try:
             self.chosen = Selection.of(params.getlist("id"), self.query.selection(), params.get("all") == "1")
         except NothingSelected:
@@ -92,12 +94,14 @@ async def act(request: Request) -> Response:
     """Start the replay or purge the confirmation page posted, and show its job."""
     verb = request.path_params["verb"]
     form = await posted(request, verb if verb in VERBS else "replay")
-    job = await start(request, request.path_params["name"], Action(form, verb), _expected(form))
+    job = await start(request, request.path_params["name"], Action(form, verb), _expected(form),
+                      str(form.get("why") or ""))
     return RedirectResponse(href(request, f"/jobs/{job.job_id}"), 303)
 
 
-async def start(request: Request, name: str, selection: Action, expected: int | None) -> Job:
-    """Start ``selection``'s replay or purge of DLQ ``name`` as a background job (the role was checked)."""
+async def start(request: Request, name: str, selection: Action, expected: int | None, why: str = "") -> Any:
+    """Start ``selection``'s replay or purge of DLQ ``name`` as a job in Redis, run by this process (the role was
+    checked); a purge needs ``why``, recorded in the audit trail with the user."""
     verb, op = selection.verb, request.app.state.op
     dead = await run_in_threadpool(op.queue, name)
     if verb == "replay":
@@ -105,14 +109,29 @@ async def start(request: Request, name: str, selection: Action, expected: int | 
             refuse_self_replay(dead.name, selection.to)
         except ReplayIntoItself as exc:
             raise HTTPException(400, str(exc)) from None
-    where = selection.where()
+    why = why.strip()
+    if verb == "purge" and not why:
+        raise HTTPException(400, "say why you purge (the reason is kept in the audit trail): nothing was deleted")
+    try:   # ticked ids nobody found come back in the job's ``not_found``
+        return await run_in_threadpool(lambda: request.app.state.jobs.start(
+            dead.name, selection.chosen, verb=verb, actor=Actor(request.state.user, why), to=selection.to,
+            title=selection.describe(dead), total=expected, rate=selection.rate))
+    except DLQBusy as exc:
+        raise HTTPException(409, f"{exc} (job {exc.holder}: {href(request, '/jobs/' + exc.holder)})") from None
 
-    def work(progress: Any) -> Any:   # ticked ids nobody found come back in the outcome's ``not_found``
-        if verb == "replay":
-            return dead.replay(where, to=selection.to, progress=progress)
-        return dead.purge(where, force=True, progress=progress)
 
-    return request.app.state.jobs.start(selection.describe(dead), verb, dead.name, expected, request.state.user, work)
+def _rate(value: Any) -> float | None:
+    """A replay's pace (letters a second; blank: no cap); 400 for anything but a number > 0."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate < float("inf"):
+        raise HTTPException(400, f"rate is letters a second, a number > 0 (or blank: no cap), got {text[:50]!r}")
+    return rate
 
 
 def _expected(form: FormData) -> int | None:

@@ -2,8 +2,9 @@
 
 ``POST /api/dlq/<dlq>/replay|purge`` takes ``{"ids": [...]}``, ``{"filter":
 {"task": "shop.*", ...}}`` (the names of ``celery dlq list``'s filters) or
-``{"all": true}``, and ``"to"`` for a replay; it starts the job and answers
-202 with its id. ``GET /api/jobs/<id>`` tells how far it got.
+``{"all": true}``, ``"to"`` and ``"rate"`` (letters a second) for a replay, ``"why"`` (required for a purge);
+it starts the job and answers 202 with its id. ``GET /api/jobs/<id>`` tells how
+far it got; ``POST /api/jobs/<id>/pause|resume|cancel`` acts on it.
 ``POST /api/parked/redeliver|delete`` takes ``{"entry_id": ...}``.
 
 Authentication is the dashboard's (an ``Authorization`` header, or a
@@ -18,13 +19,18 @@ import json
 import logging
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import ImmutableMultiDict
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from celery_dlq.errors import DLQError
+from celery_dlq.ops.audit import Actor
+from celery_dlq.ops.jobs import JobStateError
 from celery_dlq.web.actions import PARKED_VERBS, VERBS, Action, act_on_parked, start
+from celery_dlq.web.jobs import JOB_ACTIONS, NO_SUCH_JOB
 from celery_dlq.web.query import FILTERS
 from celery_dlq.web.render import href
 from celery_dlq.web.roles import require
@@ -54,25 +60,44 @@ def selection_params(data: dict) -> ImmutableMultiDict:
     filters = data.get("filter") or {}
     if not isinstance(filters, dict) or not isinstance(data.get("ids") or [], list):
         raise HTTPException(400, '"filter" must be an object and "ids" a list')
-    unknown = sorted(set(filters) - set(FILTERS)) + sorted(set(data) - {"ids", "filter", "all", "to"})
+    unknown = sorted(set(filters) - set(FILTERS)) + sorted(set(data) - {"ids", "filter", "all", "to", "why", "rate"})
     if unknown:   # a typo must not widen the selection nor pass unnoticed
         raise HTTPException(400, f"unknown field {unknown[0]!r}: the body takes ids, filter ({', '.join(FILTERS)}), "
-                                 "all, to")
+                                 "all, to, why, rate")
     items: list[tuple[str, Any]] = [("id", str(i)) for i in data.get("ids") or []]
     items += [(str(k), str(v)) for k, v in filters.items()]
     if data.get("all") is True:
         items.append(("all", "1"))
     if data.get("to"):
         items.append(("to", str(data["to"])))
+    if data.get("rate") is not None:
+        items.append(("rate", str(data["rate"])))
     return ImmutableMultiDict(items)
 
 
 async def dlq_action(request: Request) -> Response:
     verb = request.path_params["verb"]
     data = await body(request, verb if verb in VERBS else "replay")
-    job = await start(request, request.path_params["name"], Action(selection_params(data), verb), None)
+    job = await start(request, request.path_params["name"], Action(selection_params(data), verb), None,
+                      str(data.get("why") or ""))
     return JSONResponse({"job_id": job.job_id, "title": job.title, "url": href(request, f"/api/jobs/{job.job_id}")},
                         202)
+
+
+async def job_action(request: Request) -> Response:
+    """``POST /api/jobs/<id>/pause|resume|cancel`` (``{"why": ...}`` optional): the job as it is then."""
+    action, job_id = request.path_params["action"], request.path_params["job_id"]
+    data = await body(request, "job")
+    if action not in JOB_ACTIONS:
+        raise HTTPException(400, f"unknown job action {action!r}")
+    try:
+        await run_in_threadpool(getattr(request.app.state.jobs.jobs, action), job_id,
+                                Actor(request.state.user, str(data.get("why") or "")))
+    except JobStateError as exc:
+        raise HTTPException(409, str(exc)) from None
+    except DLQError as exc:   # no such job
+        raise HTTPException(404, str(exc)) from None
+    return job_status(request)
 
 
 async def parked_action(request: Request) -> Response:
@@ -85,17 +110,18 @@ async def parked_action(request: Request) -> Response:
 def job_status(request: Request) -> Response:
     job = request.app.state.jobs.get(request.path_params["job_id"])
     if job is None:
-        raise HTTPException(404, "no such job (jobs are kept by the process that ran them, until it restarts)")
-    out = job.outcome
-    return JSONResponse({"job_id": job.job_id, "title": job.title, "verb": job.verb, "dlq": job.dlq,
-                         "user": job.user, "running": job.running, "done": out.done if out else job.done,
-                         "missing": out.missing + len(out.not_found) if out else 0,
-                         "not_found": list(out.not_found) if out else [], "failed": len(out.failed) if out else 0,
-                         "error": job.error})
+        raise HTTPException(404, NO_SUCH_JOB)
+    snapshot = job.refresh()
+    c = snapshot.counts
+    return JSONResponse({**snapshot.as_dict(), "job_id": job.job_id, "verb": job.verb, "user": snapshot.who,
+                         "running": not snapshot.ended, "missing": c["missing"] + len(snapshot.not_found_ids),
+                         "not_found": snapshot.not_found_ids, "failed": c["failed"],
+                         "error": snapshot.reason if snapshot.state == "failed" else None})
 
 
 ROUTES = [
     Route("/api/dlq/{name}/{verb}", dlq_action, methods=["POST"], name="api_dlq_action"),
     Route("/api/parked/{verb}", parked_action, methods=["POST"], name="api_parked_action"),
     Route("/api/jobs/{job_id}", job_status, name="api_job"),
+    Route("/api/jobs/{job_id}/{action}", job_action, methods=["POST"], name="api_job_action"),
 ]

@@ -29,9 +29,9 @@ from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops import Operator
 from celery_dlq.settings import web_token
 from celery_dlq.urls import sanitize
-from celery_dlq.web import actions, api, views
+from celery_dlq.web import actions, api, edit, jobs, views
 from celery_dlq.web.auth import Access
-from celery_dlq.web.jobs import Jobs
+from celery_dlq.web.jobs import DashboardJobs
 from celery_dlq.web.middleware import AuthMiddleware, local_path
 from celery_dlq.web.origin import LOOPBACK_HOSTS, Origin, OriginMiddleware
 from celery_dlq.web.query import BadQuery
@@ -51,7 +51,7 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
                refresh: int = 10, operator: Operator | None = None, secret: bytes | None = None,
                allowed_hosts: Iterable[str] | None = None, trusted_proxies: Iterable[str] = (),
                session_ttl: int = SESSION_TTL, login_limit: int = LOGIN_LIMIT,
-               login_window: int = LOGIN_WINDOW) -> Starlette:
+               login_window: int = LOGIN_WINDOW, take_over_jobs: float | None = None) -> Starlette:
     """The dashboard of ``celery_app``'s DLQs and parked retries, as a Starlette (ASGI) app.
 
     Users: ``basic_auth`` (``"user:password"`` or ``"user:role:password"``
@@ -67,7 +67,10 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
     overview's reloads (0: never). ``secret`` signs CSRF tokens; give the
     same one to every process behind one load balancer (default: random).
     Sessions (``session_ttl`` seconds) and failed logins (``login_limit`` per
-    ``login_window`` seconds) are kept in the DLQ store's Redis.
+    ``login_window`` seconds) are kept in the DLQ store's Redis. Replays and
+    purges run as jobs kept in Redis (``web/jobs.py``), run by this process;
+    ``take_over_jobs``: also run, looking every that many seconds, the jobs
+    whose process died (as a worker or ``celery dlq jobs run`` does).
     """
     token = token or os.environ.get(TOKEN_ENV) or web_token(celery_app.conf)
     access = Access(_users(basic_auth, users_file), token, no_auth, token_role=token_role, read_only=read_only,
@@ -80,14 +83,16 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
     sessions = Sessions(op.client, op.keys, session_ttl)
     throttle = LoginThrottle(op.client, op.keys, login_limit, login_window)
     app = Starlette(
-        routes=[*views.ROUTES, *actions.ROUTES, *api.ROUTES,
+        routes=[*views.ROUTES, *actions.ROUTES, *api.ROUTES, *jobs.ROUTES, *edit.ROUTES,
                 Mount("/static", app=StaticFiles(packages=[("celery_dlq.web", "static")]), name="static")],
         middleware=[Middleware(OriginMiddleware, origin=origin),
                     Middleware(AuthMiddleware, access=access, sessions=sessions, throttle=throttle)],
         exception_handlers={HTTPException: _http_error, UnknownQueue: _not_found, BadQuery: _bad_query,
                             BrokerNotSupported: _unavailable, redis.RedisError: _unavailable},
     )
-    app.state.op, app.state.access, app.state.jobs = op, access, Jobs()
+    app.state.op, app.state.access, app.state.jobs = op, access, DashboardJobs(op)
+    if take_over_jobs:
+        app.state.jobs.take_over(take_over_jobs)
     app.state.sessions, app.state.throttle, app.state.origin = sessions, throttle, origin
     app.state.read_only, app.state.refresh = read_only, refresh
     app.state.where = {"dlq_redis_url": op.settings.safe_redis_url,

@@ -1,92 +1,184 @@
-"""Replays and purges run in a background thread, so a request never waits for 10,000 moves.
+"""The dashboard's jobs: replays and purges kept in Redis as jobs (:mod:`celery_dlq.ops.jobs`), run in a thread.
 
-A POST starts a :class:`Job` and redirects to its page, which refreshes
-itself and shows progress until the :class:`~celery_dlq.ops.queue.Outcome`
-is in. The operator API does the work (each message moved atomically), so a
-job interrupted by a restart is simply run again: nothing is lost or moved
-twice. Jobs live in this process only; the last :data:`KEEP` are kept.
+A POST starts a job and redirects to its page, which follows it live (it reloads while the job runs)
+with its pause, resume and cancel buttons. The job is in Redis, not in this process: any dashboard
+process shows it, pauses or cancels it, and when this one dies a worker, ``celery dlq jobs run`` or
+another dashboard (``take_over_jobs``) takes it over; each letter still moves once. Pages of the
+jobs and of the audit trail are here too.
 """
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
-from celery_dlq.ops.queue import Outcome
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from celery_dlq.errors import DLQError
+from celery_dlq.ops import Operator, Outcome, Selection
+from celery_dlq.ops.audit import Actor, Audit
+from celery_dlq.ops.jobrun import JobRunner
+from celery_dlq.ops.jobs import Job, Jobs, JobStateError, Velocity
+from celery_dlq.web.actions import posted
+from celery_dlq.web.render import href, render
 
 logger = logging.getLogger(__name__)
 
-KEEP = 100
+#: The job actions a page may post, each needing the ``job`` role action (an operator).
+JOB_ACTIONS = ("pause", "resume", "cancel")
+NO_SUCH_JOB = "no such job (ended jobs are kept for a week)"
 
 
-@dataclass
-class Job:
-    """One action: what it does (``title``), how far it got, and its outcome or error once finished."""
+class WebJob:
+    """A job as the pages read it: every attribute read from Redis when asked (any process may change it)."""
 
-    job_id: str
-    title: str
-    verb: str
-    dlq: str
-    total: int | None
-    user: str
-    started: float = field(default_factory=time.time)
-    done: int = 0
-    outcome: Outcome | None = None
-    error: str | None = None
-    finished: float | None = None
+    def __init__(self, jobs: Jobs, job_id: str, job: Job | None = None) -> None:
+        self._jobs, self.job_id, self._job = jobs, job_id, job
+
+    def refresh(self) -> Job:
+        job = self._jobs.get(self.job_id) if self._job is None else self._job
+        if job is None:
+            raise HTTPException(404, NO_SUCH_JOB)
+        return job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.refresh(), name)
+
+    @property
+    def verb(self) -> str:
+        return "purge" if self.refresh().kind == "purge" else "replay"
+
+    @property
+    def user(self) -> str:
+        return self.refresh().who
+
+    @property
+    def started(self) -> float:
+        return self.refresh().created
+
+    @property
+    def total(self) -> int | None:
+        return self.refresh().expected
+
+    @property
+    def done(self) -> int:
+        return int(self.refresh().counts.get("done", 0))
 
     @property
     def running(self) -> bool:
-        return self.finished is None
+        return not self.refresh().ended
 
-    def advance(self, n: int) -> None:
-        self.done += n
+    @property
+    def error(self) -> str | None:
+        job = self.refresh()
+        return job.reason if job.state == "failed" else None
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """What it did, once it ended (None while it runs)."""
+        job = self.refresh()
+        if not job.ended:
+            return None
+        c = job.counts
+        missing = c["missing"] + max(0, c["not_found"] - len(job.not_found_ids))
+        return Outcome(matched=c["matched"], done=c["done"], missing=missing, failed=list(job.errors),
+                       not_found=list(job.not_found_ids))
 
 
-class Jobs:
-    """The jobs of one dashboard, newest last; each runs in its own daemon thread."""
+class DashboardJobs:
+    """This dashboard's handle on the app's jobs: start one (and run it in a thread here), read, act."""
 
-    def __init__(self) -> None:
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, op: Operator) -> None:
+        self.jobs = Jobs(op)
+        self.runner = JobRunner(self.jobs)
+        self._taker: threading.Thread | None = None
 
-    def start(self, title: str, verb: str, dlq: str, total: int | None, user: str,
-              work: Callable[[Callable[[int], None]], Outcome]) -> Job:
-        job = Job(secrets.token_hex(8), title, verb, dlq, total, user)
-        with self._lock:
-            self._jobs[job.job_id] = job
-            while len(self._jobs) > KEEP:
-                self._jobs.popitem(last=False)
-        threading.Thread(target=self._run, args=(job, work), name=f"dlq-web-{job.job_id}", daemon=True).start()
-        return job
+    def start(self, name: str, selection: Selection, *, verb: str, actor: Actor, to: str | None,
+              title: str, total: int | None, rate: float | None = None) -> WebJob:
+        job = self.jobs.start(name, selection, kind=verb, actor=actor, to=to, title=title, expected=total,
+                              velocity=Velocity(rate))
+        threading.Thread(target=self._run, args=(job.id,), name=f"dlq-web-{job.id}", daemon=True).start()
+        return WebJob(self.jobs, job.id)
 
-    @staticmethod
-    def _run(job: Job, work: Callable[[Callable[[int], None]], Outcome]) -> None:
+    def _run(self, job_id: str) -> None:
         try:
-            job.outcome = work(job.advance)
-            logger.info("celery-dlq web: %s by %s: %d done, %d gone already, %d failed", job.title, job.user,
-                        job.outcome.done, job.outcome.missing, len(job.outcome.failed))
-        except Exception as exc:  # the job page shows it; the server carries on
-            logger.exception("celery-dlq web: %s failed", job.title)
-            job.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            job.finished = time.time()
+            self.runner.run(job_id)
+        except Exception:   # the runner records a job's failure; this is a bug of ours: logged, the server lives
+            logger.exception("celery-dlq web: job %s", job_id)
 
-    def get(self, job_id: str) -> Job | None:
-        return self._jobs.get(job_id)
+    def take_over(self, every: float = 10.0) -> None:
+        """Run jobs nobody runs (their owner died), looking every ``every`` seconds, in a daemon thread."""
+        def loop() -> None:
+            while not self.runner.stopping:
+                try:
+                    self.runner.take_orphans()
+                except Exception:
+                    logger.exception("celery-dlq web: taking over jobs")
+                threading.Event().wait(every)
+        self._taker = threading.Thread(target=loop, name="dlq-web-jobs", daemon=True)
+        self._taker.start()
 
-    def recent(self) -> list[Job]:
-        with self._lock:
-            return list(reversed(self._jobs.values()))
+    def stop(self) -> None:
+        """Stop taking over jobs (and this process's runs, after the batch each is moving)."""
+        self.runner.stopping = True
 
-    def wait(self, job_id: str, timeout: float = 30) -> Job:
-        """Block until a job finished (tests and scripts)."""
-        deadline = time.monotonic() + timeout
-        job = self._jobs[job_id]
-        while job.running and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return job
+    def get(self, job_id: str) -> WebJob | None:
+        return WebJob(self.jobs, job_id) if self.jobs.get(job_id) is not None else None
+
+    def recent(self, limit: int = 50) -> list[WebJob]:
+        return [WebJob(self.jobs, job.id, job) for job in self.jobs.recent(limit)]
+
+    def wait(self, job_id: str, timeout: float = 30) -> WebJob:
+        """Block until a job ended (tests and scripts)."""
+        self.jobs.wait(job_id, timeout)
+        return WebJob(self.jobs, job_id)
+
+
+def jobs_page(request: Request) -> Response:
+    """Every job kept, newest first; reloads while one runs."""
+    jobs = request.app.state.jobs.recent()
+    return render(request, "jobs.html", jobs=jobs, live=any(not j.ended for j in jobs))
+
+
+def job_page(request: Request) -> Response:
+    job = request.app.state.jobs.get(request.path_params["job_id"])
+    if job is None:
+        raise HTTPException(404, NO_SUCH_JOB)
+    return render(request, "job.html", job=job, snapshot=job.refresh(), actions=JOB_ACTIONS)
+
+
+async def job_action(request: Request) -> Response:
+    """Pause, resume or cancel a job (an operator, CSRF checked), whichever process runs it."""
+    action, job_id = request.path_params["action"], request.path_params["job_id"]
+    form = await posted(request, "job")
+    if action not in JOB_ACTIONS:
+        raise HTTPException(400, f"unknown job action {action!r}")
+    actor = Actor(request.state.user, str(form.get("why") or "").strip())
+    handle = request.app.state.jobs.jobs
+    try:
+        await run_in_threadpool(getattr(handle, action), job_id, actor)
+    except JobStateError as exc:
+        raise HTTPException(409, str(exc)) from None
+    except DLQError as exc:   # no such job
+        raise HTTPException(404, str(exc)) from None
+    logger.info("celery-dlq web: %s job %s by %s", action, job_id, request.state.user)
+    return RedirectResponse(href(request, f"/jobs/{job_id}"), 303)
+
+
+def audit_page(request: Request) -> Response:
+    """The audit trail, newest first (``?before=<id>`` pages on)."""
+    before = request.query_params.get("before") or None
+    rows = Audit(request.app.state.op).recent(100, before)
+    return render(request, "audit.html", rows=rows, before=rows[-1]["id"] if len(rows) == 100 else None)
+
+
+ROUTES = [
+    Route("/jobs", jobs_page, name="jobs"),
+    Route("/jobs/{job_id}", job_page, name="job"),
+    Route("/jobs/{job_id}/{action}", job_action, methods=["POST"], name="job_action"),
+    Route("/audit", audit_page, name="audit"),
+]

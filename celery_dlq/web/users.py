@@ -9,9 +9,9 @@ uses it without the web extra. A user is a line (of ``--users-file``, of
 - the password may be a hash, ``pbkdf2_sha256$<iterations>$<salt>$<base64 hash>``
   (:func:`hash_password`; ``celery dlq web-passwd`` prints one).
 
-A viewer reads; an operator may also replay dead letters and redeliver parked
-retries; an admin may also purge dead letters, delete parked retries and revoke
-sessions (:data:`ACTIONS`).
+A viewer reads; an operator may also replay (or edit and replay) dead letters, pause,
+resume or cancel jobs, and redeliver parked retries; an admin may also purge dead letters,
+delete parked retries and revoke sessions (:data:`ACTIONS`).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 #: Lowest first: a role may do everything the roles before it may.
 ROLES = (VIEWER, OPERATOR, ADMIN)
 #: Each action and the lowest role that may take it.
-ACTIONS = {"replay": OPERATOR, "redeliver": OPERATOR, "purge": ADMIN, "delete": ADMIN, "revoke": ADMIN}
+ACTIONS = {"replay": OPERATOR, "redeliver": OPERATOR, "edit": OPERATOR, "job": OPERATOR, "purge": ADMIN,
+           "delete": ADMIN, "revoke": ADMIN}
 #: The user name of the token login (``Authorization: Bearer``, or the login form with this user).
 TOKEN_USER = "token"
 HASH_SCHEME = "pbkdf2_sha256"

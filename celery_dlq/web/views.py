@@ -1,4 +1,6 @@
-"""The pages (GET): overview, failure groups, a DLQ, a dead letter, parked retries, a job; and the login.
+"""The pages (GET): overview, failure groups, a DLQ, a dead letter, parked retries; and the login.
+
+Jobs and the audit trail have theirs in ``web/jobs.py``.
 
 Each is a few calls to the operator API and one template. Starlette runs
 these plain functions in its thread pool, so Redis round trips never block
@@ -113,13 +115,6 @@ def parked_page(request: Request) -> Response:
                   limit=PARKED_LIMIT, by_queue=op.parked.counts_by_queue(), due=due, due_chart=histogram(due))
 
 
-def job_page(request: Request) -> Response:
-    job = request.app.state.jobs.get(request.path_params["job_id"])
-    if job is None:
-        raise HTTPException(404, "no such job (jobs are kept by the process that ran them, until it restarts)")
-    return render(request, "job.html", job=job)
-
-
 def login_page(request: Request) -> Response:
     if request.app.state.access.no_auth:
         return RedirectResponse(href(request, "/"), 303)
@@ -140,6 +135,5 @@ ROUTES = [
     Route("/dlq/{name}", dlq_page, name="dlq"),
     Route("/dlq/{name}/letters/{task_id}", letter_page, name="letter"),
     Route("/parked", parked_page, name="parked"),
-    Route("/jobs/{job_id}", job_page, name="job"),
     Route("/login", login_page, name="login"),
 ]

@@ -362,6 +362,7 @@ class Mover(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         config = self.runtime.config
         self.thread = MoverThread(c.app, config, self.runtime.redis(), getattr(c, "hostname", "") or "")
+        self.runtime.mover_holder = self.thread.heartbeat.holder
         self.thread.start()
         logger.info("celery-dlq mover: moving due messages from redis %s when this worker holds the mover "
                     "lease (one worker at a time; another takes over within %.1fs)",

@@ -19,6 +19,7 @@ itself (the Task base, its Request and Strategy) find it on their app with
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery_dlq import headers as H
@@ -46,6 +47,9 @@ class Runtime:
         self.redis: PerProcess[Connections] = PerProcess(lambda: Connections(app, self.config.settings, self.events))
         self.parking = Parking(self.config, self.redis, self.events)
         self.fetch_moved = MoveTally()
+        #: Set while this worker holds the mover lease (the Mover step's heartbeat): shared work such as taking
+        #: over redrive jobs (``worker/jobs.py``) is done by the holder alone, so it costs the same however many.
+        self.mover_holder = threading.Event()
 
 
 def runtime_of(app: Any) -> Runtime:

@@ -30,6 +30,7 @@ from celery_dlq.internals.kombu_redis import FETCH
 from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.discards import dead_letter_first, uncount_first
 from celery_dlq.worker.fetch_moves import MoveTally
+from celery_dlq.worker.jobs import RedriveJobs
 from celery_dlq.worker.mover import Mover
 from celery_dlq.worker.poolfix import keep_half_done_io
 from celery_dlq.worker.runtime import Runtime
@@ -171,7 +172,7 @@ def flush_counts(redis: Callable[[], Connections], moved: MoveTally) -> None:
 
 
 STEPS: tuple[type[bootsteps.Step], ...] = (Settings, BindConsumer, FetchTransport, KeepPoolIO, CompactTracebacks,
-                                          DeadLetterDiscards, UncountUnstarted, FlushCounts, Mover)
+                                          DeadLetterDiscards, UncountUnstarted, FlushCounts, Mover, RedriveJobs)
 
 
 def bound_steps(runtime: Runtime) -> list[type]:

@@ -83,11 +83,11 @@ def test_install_hands_its_runtime_to_the_bootsteps():
     steps = {step.name: step for step in app.steps["consumer"]}
     assert set(steps) == {f"celery_dlq.worker.steps.{name}" for name in (
         "Settings", "BindConsumer", "FetchTransport", "KeepPoolIO", "CompactTracebacks", "DeadLetterDiscards",
-        "UncountUnstarted", "FlushCounts")} | {"celery_dlq.worker.mover.Mover"}
+        "UncountUnstarted", "FlushCounts")} | {"celery_dlq.worker.mover.Mover", "celery_dlq.worker.jobs.RedriveJobs"}
     assert all(step.runtime is runtime for step in steps.values())
     assert all(steps["celery_dlq.worker.steps.Settings"] in step.requires
                for name, step in steps.items() if not name.endswith(".Settings")), "Settings goes first"
-    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 9   # idempotent
+    assert celery_dlq.install(app) is runtime and len(app.steps["consumer"]) == 10   # idempotent
     assert is_managed(celery_dlq.RedeliveryTask) and not is_managed(app.tasks["celery.backend_cleanup"])
 
 

@@ -170,6 +170,9 @@ POST_ROUTES = {
     "/login": [("/login", None)],
     "/logout": [("/logout", None)],
     "/sessions/revoke": [("/sessions/revoke", "revoke")],
+    "/jobs/{job_id}/{action}": [("/jobs/j1/pause", "job"), ("/jobs/j1/resume", "job"), ("/jobs/j1/cancel", "job")],
+    "/api/jobs/{job_id}/{action}": [("/api/jobs/j1/pause", "job"), ("/api/jobs/j1/cancel", "job")],
+    "/dlq/{name}/letters/{task_id}/edit": [("/dlq/DLQ.orders/letters/t1/edit", "edit")],
 }
 
 
@@ -370,7 +373,8 @@ def test_replay_to_another_queue_and_purge_selected(web, fake):
     assert run_job(c, web, r)["done"] == 2 and fake.llen("orders.slow") == 2
     confirm = c.get("/dlq/DLQ.orders/confirm", params={"action": "purge", "id": ids[2]}).text
     assert "delete for good <strong>1</strong> dead letter." in confirm
-    r = c.post("/dlq/DLQ.orders/purge", data={"csrf_token": csrf(c), "id": ids[2]}, follow_redirects=False)
+    r = c.post("/dlq/DLQ.orders/purge", data={"csrf_token": csrf(c), "id": ids[2], "why": "junk"},
+               follow_redirects=False)
     assert run_job(c, web, r) == {"done": 1, "missing": 0, "failed": 0}
     assert ids_on(c.get("/dlq/DLQ.orders").text) == [ids[3]]
     r = c.post("/dlq/DLQ.orders/replay", data={"csrf_token": csrf(c), "id": ids[3], "to": "DLQ.orders"})
@@ -470,8 +474,7 @@ def test_redis_down_is_a_clear_503_with_sanitized_urls():
 
 def test_unknown_jobs_are_a_404(web):
     assert client(web).get("/jobs/nope").status_code == 404
-    assert client(web).get("/api/jobs/nope").json() == {"error": "no such job (jobs are kept by the process that "
-                                                                 "ran them, until it restarts)"}
+    assert client(web).get("/api/jobs/nope").json() == {"error": "no such job (ended jobs are kept for a week)"}
 
 
 def test_ages_and_times_read_as_people_say_them():

@@ -73,7 +73,8 @@ def test_a_group_link_lists_exactly_its_letters(web, world):
 def confirm_and_run(c, web, action: str, group: str) -> tuple[str, dict]:
     """The confirmation page of ``action`` on ``group``, then its POST (with that page's CSRF token) run to the end."""
     confirm = c.get(f"/dlq/DLQ.orders/confirm?action={action}&group={group}").text
-    r = c.post(f"/dlq/DLQ.orders/{action}", data={"csrf_token": CSRF.findall(confirm)[-1], "group": group},
+    r = c.post(f"/dlq/DLQ.orders/{action}", data={"csrf_token": CSRF.findall(confirm)[-1], "group": group,
+                                                       "why": "test"},
                follow_redirects=False)
     return confirm, run_job(c, web, r)
 

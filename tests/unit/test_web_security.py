@@ -175,7 +175,8 @@ def test_a_viewer_cannot_replay_and_an_operator_cannot_purge_but_may_replay_html
     assert operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"since": "soon"}}).status_code == 400
     typo = operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"tsak": "shop.charge"}})
     assert typo.status_code == 400 and "unknown field 'tsak'" in typo.json()["error"]
-    r = admin.post("/dlq/DLQ.orders/purge", data={"csrf_token": csrf(admin), "id": ids[1]}, follow_redirects=False)
+    r = admin.post("/dlq/DLQ.orders/purge", data={"csrf_token": csrf(admin), "id": ids[1], "why": "junk"},
+                   follow_redirects=False)
     assert web.state.jobs.wait(r.headers["location"].rsplit("/", 1)[1]).outcome.done == 1
     matching = operator.post("/api/dlq/DLQ.orders/replay", json={"filter": {"task": "shop.*"}, "to": "elsewhere"})
     assert web.state.jobs.wait(matching.json()["job_id"]).outcome.done == 1 and fake.llen("elsewhere") == 1

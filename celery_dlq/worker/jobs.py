@@ -1,0 +1,80 @@
+"""The RedriveJobs bootstep: a worker takes over redrive jobs whose process died, and runs them.
+
+A job (``ops/jobs.py``) is run by whichever process holds its lease. When that process dies (a
+dashboard restarted, a ``celery dlq jobs run`` killed, another worker gone), its lease expires; every
+``dlq_jobs_poll`` seconds the worker that holds the mover lease (one at a time, so the cost does not
+grow with the number of workers) asks once (one ``ZRANGEBYSCORE``) for such orphans and takes one,
+the claim being atomic (``job_claim.lua``). It then runs the job to its end in this
+thread through the operator API, so each letter still moves once (``ops/queue.py``). ``0`` turns it off.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+
+from celery_dlq.ops.jobrun import JobRunner
+from celery_dlq.ops.jobs import Jobs
+from celery_dlq.ops.operator import Operator
+from celery_dlq.worker.mover import Mover
+from celery_dlq.worker.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+class JobsThread(threading.Thread):
+    """Looks for orphaned jobs every ``poll`` seconds and runs each it takes, until stopped."""
+
+    def __init__(self, app: Any, poll: float, holder: threading.Event) -> None:
+        super().__init__(name="celery-dlq-jobs", daemon=True)
+        self.app, self.poll, self.holder = app, poll, holder
+        self._stop_event = threading.Event()
+        self.runner: JobRunner | None = None
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            if not self.holder.is_set():   # another worker holds the mover lease: its job
+                self._stop_event.wait(self.poll)
+                continue
+            try:
+                if self.runner is None:   # connects on first use, in this thread
+                    self.runner = JobRunner(Jobs(Operator(self.app)))
+                for job_id in self.runner.take_orphans(limit=1):
+                    logger.info("celery-dlq: ran redrive job %s (taken over)", job_id)
+            except Exception:   # Redis down, or a bug of ours: logged, and looked at again next time
+                logger.exception("celery-dlq: looking for redrive jobs to take over")
+            self._stop_event.wait(self.poll)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop_event.set()
+        if self.runner is not None:
+            self.runner.stopping = True   # after the batch it is moving: its lease lets another carry on
+        self.join(timeout)
+
+
+class RedriveJobs(bootsteps.StartStopStep):
+    """Consumer bootstep: one thread per worker taking over redrive jobs nobody runs (``dlq_jobs_poll``), while the
+    worker holds the mover lease (after the Mover step, whose heartbeat says so)."""
+
+    requires = ("celery.worker.consumer.connection:Connection", Mover)
+    runtime: Runtime
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        self.thread: JobsThread | None = None
+        super().__init__(c, **kwargs)
+
+    def include_if(self, c: Any) -> bool:
+        return self.runtime.config.settings.jobs_poll > 0
+
+    def start(self, c: Any) -> None:
+        self.thread = JobsThread(c.app, self.runtime.config.settings.jobs_poll, self.runtime.mover_holder)
+        self.thread.start()
+
+    def stop(self, c: Any) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    shutdown = stop
