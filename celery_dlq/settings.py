@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_store_shards": 1,          # the store split over N hash tags ({prefix:0} ...): spread over a Redis Cluster
     "dlq_store_min_replicas": 0,    # WAIT for this many replicas after parks and moves (0: never)
     "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
+    "dlq_breaker_refresh": 1.0,     # a worker reads the breakers' index at most this often (tasks with a breaker)
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -121,6 +122,7 @@ class DLQSettings:
     store_shards: int
     store_min_replicas: int
     store_replica_timeout: float
+    breaker_refresh: float
     default_policy: dict[str, Any]
     task_policies: PatternMap
     queue_policies: PatternMap
@@ -169,6 +171,7 @@ class DLQSettings:
             store_shards=_count("dlq_store_shards", get("dlq_store_shards")),
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),
             store_replica_timeout=_positive("dlq_store_replica_timeout", get("dlq_store_replica_timeout")),
+            breaker_refresh=_positive("dlq_breaker_refresh", get("dlq_breaker_refresh")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
             task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
             queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),

@@ -57,6 +57,7 @@ REPORT_COLUMNS = ("event_id", "event_type", "ts", "task_id", "task_name", "dlq",
                   "exception_type", "first_failure_at", "payload_hash", "queue")
 DEAD, DROPPED, PARKED, REDELIVERED = EventType.DEAD_LETTERED, EventType.DROPPED, EventType.PARKED, EventType.REDELIVERED
 REPLAYED, TRIMMED, PURGED = EventType.REPLAYED, EventType.TRIMMED, EventType.PURGED
+BREAKER = EventType.BREAKER   # a circuit breaker changed state (no message of its own: in no figure yet)
 #: The events the report reads whole: dead letters and what moves them out of their DLQ. Of the others
 #: (parked, redelivered, dropped: nine in ten) it reads LEAN_COLUMNS only, and the rest is left null.
 DETAILED = (DEAD, REPLAYED, TRIMMED, PURGED)

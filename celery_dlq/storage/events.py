@@ -13,6 +13,7 @@ The payload hash of each event is :func:`celery_dlq.message.payload_hash`.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -37,8 +38,9 @@ class EventType:
     REPLAYED = "replayed"            # an operator moved it from its DLQ back to a queue
     TRIMMED = "trimmed"              # retention deleted it from its DLQ (reason: why)
     PURGED = "purged"                # an operator deleted it from its DLQ
+    BREAKER = "breaker"              # a circuit breaker changed state (reason: the new state; record: group, who)
 
-    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED)
+    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED, BREAKER)
 
 
 @dataclass(frozen=True)
@@ -270,3 +272,12 @@ def letter_entries(kind: str, letters: Iterable[Any], *, dlq: str, now: float | 
         else:
             out.append(event_of(kind, _as_envelope(letter), ts=now, dlq=dlq, reason=reason).entry())
     return out
+
+
+def breaker_event(state: str, queue: str, task: str, *, group: str, ts: float, task_id: str = "",
+                  exception_type: str = "", message: str = "", paused_by: str = "") -> Event:
+    """A circuit breaker of ``task``'s failure ``group`` on ``queue`` is now ``state`` (``reason``); ``task_id``
+    is its probe's, ``record`` names the group and who paused it."""
+    record = json.dumps({"group": group, "paused_by": paused_by}, sort_keys=True)
+    return Event(type=EventType.BREAKER, ts_us=to_us(ts) or 0, task_id=task_id, task_name=task, queue=queue,
+                 reason=state, exception_type=exception_type, exception_message=message[:1024], record=record)

@@ -153,6 +153,22 @@ class Keys:
         (``scope`` ``addr``) or one user name (``user``), shared by every dashboard process (``web/throttle.py``)."""
         return f"{self.base}:web:failures:{scope}:{who}"
 
+    def breaker(self, queue: str, group: str) -> str:
+        """HASH: the circuit breaker of failure ``group`` on ``queue`` (``storage/breaker_state.py``): ``state``
+        (closed, open, half_open), ``opened_at``, ``cooldown``, the window's counts, ``probe_id``, ``paused_by``...
+        A redrive reads ``state`` to stop when the breaker opens again."""
+        return f"{self.base}:breaker:{queue}:{group}"
+
+    @property
+    def breakers(self) -> str:
+        """HASH ``<queue>\\x1f<group>`` -> JSON summary (state, task, probe due, paused): the index of every breaker,
+        written in the same transaction as the breaker; what a worker reads to know which tasks are held."""
+        return self.base + ":breakers"
+
+    def breaker_held(self, queue: str, group: str) -> str:
+        """ZSET parked entry id -> when it was held: deliveries the open breaker parked, released when it closes."""
+        return f"{self.base}:breaker:held:{queue}:{group}"
+
     def delivery_count(self, task_id: str) -> str:
         """STRING counter: how many times the task's message was delivered."""
         return f"{self.base}:count:{task_id}"

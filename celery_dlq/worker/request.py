@@ -36,6 +36,7 @@ from celery_dlq.message import instance_of, was_redelivered, with_arguments
 from celery_dlq.storage.chords import take_chord
 from celery_dlq.worker.config import MessageContext
 from celery_dlq.worker.runtime import runtime_of
+from celery_dlq.worker.snooze import Snooze
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
 
@@ -73,6 +74,8 @@ class RedeliveryRequest(Request):
         exc = _unwrap(exc_info.exception)
         if self._dlq_handled:  # a hard time limit reports twice
             return None
+        if isinstance(exc, Snooze):
+            return self._dlq_snooze(exc, exc_info, send_failed_event, return_ok)
         if isinstance(exc, Redeliver):
             return self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok)
         if isinstance(exc, WorkerLostError) and self._dlq_succeeded():
@@ -90,6 +93,12 @@ class RedeliveryRequest(Request):
                 or type(exc).__name__ == "Terminated":
             return super().on_failure(exc_info, send_failed_event, return_ok)
         return self._dlq_final(exc, exc_info, send_failed_event, return_ok)
+
+    def on_success(self, failed__retval__runtime, **kwargs):
+        """Celery's; a success is told to the task's circuit breakers first (a probe's closes its breaker)."""
+        if not failed__retval__runtime[0]:
+            runtime_of(self.app).breakers.succeeded(self.id, self._dlq_context)
+        return super().on_success(failed__retval__runtime, **kwargs)
 
     def on_timeout(self, soft, timeout):
         """A hard time limit: billiard reports it here and to ``on_failure``, in either order.
@@ -187,6 +196,16 @@ class RedeliveryRequest(Request):
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
+        runtime_of(self.app).breakers.failed(self.id, ctx, exc.failure)
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_snooze(self, exc, exc_info, send_failed_event, return_ok):
+        """The task snoozed (worker/snooze.py): park the message without using an attempt."""
+        try:
+            runtime_of(self.app).parking.park_again(self._dlq_context(), delay=exc.seconds, snooze=True)
+        except Exception:
+            return self._dlq_write_failed(
+                "park", lambda: self._dlq_snooze(exc, exc_info, send_failed_event, return_ok))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_bad_arguments(self, error, exc_info, send_failed_event, return_ok):
@@ -220,6 +239,7 @@ class RedeliveryRequest(Request):
         failure = _failure(exc, exc_info.traceback)
         if self._dlq_takeover(failure, reason, lost=False, retry=retry) is None:
             return None
+        runtime_of(self.app).breakers.failed(self.id, ctx, failure)
         self._dlq_tell_chord(failure, request_context(self))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 

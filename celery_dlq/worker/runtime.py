@@ -26,6 +26,7 @@ from celery_dlq.worker.config import Config
 from celery_dlq.worker.connections import Connections, PerProcess
 from celery_dlq.worker.consumer_link import ConsumerLink
 from celery_dlq.worker.fetch_moves import MoveTally
+from celery_dlq.worker.breaker import WorkerBreakers
 from celery_dlq.worker.park import Parking
 from celery_dlq.worker.task_events import TaskEvents
 
@@ -45,6 +46,8 @@ class Runtime:
         self.events = TaskEvents(app, self.consumer)
         self.redis: PerProcess[Connections] = PerProcess(lambda: Connections(app, self.config.settings, self.events))
         self.parking = Parking(self.config, self.redis, self.events)
+        #: Circuit breakers (worker/breaker.py); ``breakers.on_close`` takes callables of ``(queue, group)``.
+        self.breakers = WorkerBreakers(self.config, self.redis, self.parking, self.events)
         self.fetch_moved = MoveTally()
 
 

@@ -21,7 +21,7 @@ def test_the_spark_ddl_is_derived_from_the_archive_schema():
                                          ("dt", "STRING"), *((f.column, SPARK_KINDS[f.kind]) for f in partitions)]
     # Spark reads the columns export writes, in the same order.
     assert [name for name, _ in ddl_columns(M.EVENTS_DDL)] == [*EVENT_SCHEMA.names, *PARTITION_SCHEMA.names]
-    assert {M.DEAD, M.DROPPED, M.PARKED, M.REDELIVERED, M.REPLAYED, M.TRIMMED, M.PURGED} == set(EventType.ALL)
+    assert {M.DEAD, M.DROPPED, M.PARKED, M.REDELIVERED, M.REPLAYED, M.TRIMMED, M.PURGED, M.BREAKER} == set(EventType.ALL)
 
 
 def test_a_field_added_to_the_archive_schema_reaches_the_spark_ddl():
