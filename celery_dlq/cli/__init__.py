@@ -7,7 +7,8 @@ adds its verbs to it: :mod:`~celery_dlq.cli.letters` (``queues``, ``list``,
 :mod:`~celery_dlq.cli.parked` (``parked``, ``redeliver``, ``stats``),
 :mod:`~celery_dlq.cli.analytics` (``export``, ``report``),
 :mod:`~celery_dlq.cli.exporter` (``exporter``), :mod:`~celery_dlq.cli.web`
-(``web``), :mod:`~celery_dlq.cli.policy` (``policy``). Printing is
+(``web``), :mod:`~celery_dlq.cli.policy` (``policy``), :mod:`~celery_dlq.cli.breakers`
+(``breakers``, ``pause``, ``resume``). Printing is
 :mod:`~celery_dlq.cli.output`.
 
 rich is imported only when something is printed, pyarrow only by ``export``
@@ -15,7 +16,7 @@ and ``replay --plan``, pyspark only by ``report``, prometheus-client only by
 ``exporter``: Celery imports every
 ``celery.commands`` plugin for every command, ``celery worker`` included.
 """
-from celery_dlq.cli import analytics, exporter, groups, letters, parked, policy, web  # noqa: F401  (each adds its verbs to the group)
+from celery_dlq.cli import analytics, breakers, exporter, groups, letters, parked, policy, web  # noqa: F401  (each adds its verbs to the group)
 from celery_dlq.cli.base import dlq
 
 __all__ = ["dlq"]

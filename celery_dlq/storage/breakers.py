@@ -21,7 +21,7 @@ from redis.exceptions import WatchError
 
 from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breaker_state import BreakerState, Thresholds
-from celery_dlq.storage.events import EventType, breaker_event
+from celery_dlq.storage.events import breaker_event
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.shards import ShardedStore
 
@@ -61,8 +61,12 @@ class Change:
 
     @property
     def changed(self) -> bool:
-        return self.after is not None and (self.before is None or self.before.state != self.after.state
-                                           or self.before.paused_by != self.after.paused_by)
+        """Whether the state (or who paused it) moved; a breaker made closed by its first failure did not."""
+        if self.after is None:
+            return False
+        if self.before is None:
+            return self.after.state != B.CLOSED
+        return self.before.state != self.after.state or self.before.paused_by != self.after.paused_by
 
 
 def _text(value: Any) -> str:
@@ -145,10 +149,10 @@ class Breakers:
         now = self.clock()
         return self.apply(queue, group, lambda s: B.record_success(s, now, task_id))
 
-    def claim_probe(self, queue: str, group: str, task_id: str) -> bool:
+    def claim_probe(self, queue: str, group: str, task_id: str) -> Change:
+        """Make ``task_id`` the probe if the cool-down is over; ``after`` is the breaker as it is now."""
         now = self.clock()
-        change = self.apply(queue, group, lambda s: B.claim_probe(s, now, task_id))
-        return change.after is not None and change.after.probe_id == task_id and change.after.state == B.HALF_OPEN
+        return self.apply(queue, group, lambda s: B.claim_probe(s, now, task_id))
 
     def hold(self, queue: str, group: str, entry_id: str, t: Thresholds) -> float:
         """Count a delivery held by the breaker and list its parked entry; returns when it comes back."""

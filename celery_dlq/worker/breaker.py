@@ -27,7 +27,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from celery_dlq.fingerprint import failure_group
@@ -87,7 +86,10 @@ class WorkerBreakers:
         now = self.clock()
         for summary in holding:
             if not summary.paused and now >= summary.probe_due and self._probe(summary, task_id):
-                return False
+                return False   # this delivery probes, or the breaker closed meanwhile
+        holding = summaries_for(self._index, ctx.queue, task_name)
+        if not holding:
+            return False
         summary = holding[0]
         try:
             store = self.store()
@@ -102,22 +104,24 @@ class WorkerBreakers:
         return True
 
     def _probe(self, summary: Summary, task_id: str) -> bool:
-        """Try to make this delivery the breaker's probe; on losing, remember it is half-open meanwhile."""
+        """Try to make this delivery the breaker's probe: True when it probes, or the breaker is closed now."""
         try:
-            won = self.store().claim_probe(summary.queue, summary.group, task_id)
+            change = self.store().claim_probe(summary.queue, summary.group, task_id)
         except Exception:
             logger.warning("celery-dlq: could not claim the probe of breaker %s/%s", summary.queue, summary.group,
                            exc_info=True)
             return False
+        now = change.after
+        won = now is not None and now.state == B.HALF_OPEN and now.probe_id == task_id
         with self._lock:
-            self._index = [replace(s, state=B.HALF_OPEN, probe_due=self.clock() + B.PROBE_TIMEOUT)
-                           if s == summary else s for s in self._index]
+            self._index = [s for s in self._index if (s.queue, s.group) != (summary.queue, summary.group)]
+            if now is not None:
+                self._index.append(Summary.of(now))
             if won:
                 self._probes[task_id] = (summary.queue, summary.group)
         if won:
-            logger.warning("celery-dlq: breaker %s/%s (%s) half-open: %s probes", summary.queue, summary.group,
-                           summary.task, task_id)
-        return won
+            self._changed(change, task_id)
+        return won or now is None or now.state == B.CLOSED
 
     # -- outcomes ----------------------------------------------------------------
 

@@ -30,8 +30,8 @@ from celery_dlq.storage.keys import UNKNOWN_TASK_ID
 from celery_dlq.storage.store import DirectPayload, ParkedStore
 from celery_dlq.storage.totals import Metric
 from celery_dlq.worker.config import Config, MessageContext
-from celery_dlq.worker.snooze import snooze_failure, snooze_headers
 from celery_dlq.worker.connections import Connections
+from celery_dlq.worker.snooze import snooze_failure, snooze_headers
 from celery_dlq.worker.task_events import TaskEvents
 from celery_dlq.worker.transport import Channel
 

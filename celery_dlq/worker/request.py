@@ -65,12 +65,15 @@ class RedeliveryRequest(Request):
 
     _dlq_handled = False
     _dlq_write_attempts = 0
+    #: Set by every outcome but success (Celery's per-task Request subclass overrides ``on_success``).
+    _dlq_failed = False
     #: ``(dlq, reason, delivery)`` once this request's message is dead-lettered (dlq None: dropped).
     _dlq_letter: tuple[str | None, str, int] | None = None
 
     # -- entry points from the pool ------------------------------------------
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        self._dlq_failed = True
         exc = _unwrap(exc_info.exception)
         if self._dlq_handled:  # a hard time limit reports twice
             return None
@@ -94,12 +97,6 @@ class RedeliveryRequest(Request):
             return super().on_failure(exc_info, send_failed_event, return_ok)
         return self._dlq_final(exc, exc_info, send_failed_event, return_ok)
 
-    def on_success(self, failed__retval__runtime, **kwargs):
-        """Celery's; a success is told to the task's circuit breakers first (a probe's closes its breaker)."""
-        if not failed__retval__runtime[0]:
-            runtime_of(self.app).breakers.succeeded(self.id, self._dlq_context)
-        return super().on_success(failed__retval__runtime, **kwargs)
-
     def on_timeout(self, soft, timeout):
         """A hard time limit: billiard reports it here and to ``on_failure``, in either order.
 
@@ -109,6 +106,7 @@ class RedeliveryRequest(Request):
         """
         if soft:
             return super().on_timeout(soft, timeout)
+        self._dlq_failed = True
         if self._dlq_handled:
             return None
         self._dlq_handled = True
@@ -159,6 +157,8 @@ class RedeliveryRequest(Request):
         super().acknowledge()
         if was_acknowledged or not self.acknowledged:
             return
+        if not self._dlq_failed and self.time_start is not None:   # a success (acks_late): tell the breakers
+            runtime_of(self.app).breakers.succeeded(self.id, self._dlq_context)
         try:
             message = self.message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.

@@ -22,11 +22,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq import headers as H
+from celery_dlq.worker.breaker import WorkerBreakers
 from celery_dlq.worker.config import Config
 from celery_dlq.worker.connections import Connections, PerProcess
 from celery_dlq.worker.consumer_link import ConsumerLink
 from celery_dlq.worker.fetch_moves import MoveTally
-from celery_dlq.worker.breaker import WorkerBreakers
 from celery_dlq.worker.park import Parking
 from celery_dlq.worker.task_events import TaskEvents
 

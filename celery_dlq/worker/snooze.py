@@ -47,7 +47,7 @@ def snoozed_so_far(get: Any) -> tuple[int, float]:
 
 
 def check_snooze(policy: RedeliveryPolicy, get: Any, snooze: Snooze, task_name: str) -> BaseException:
-    """What the task raises for ``snooze``: the snooze itself, or :class:`SnoozeLimitExceeded` past the policy's bound."""
+    """What the task raises for ``snooze``: itself, or :class:`SnoozeLimitExceeded` past the policy's bound."""
     snoozes, snoozed = snoozed_so_far(get)
     if policy.snooze_left(snoozes, snoozed, snooze.seconds):
         return snooze

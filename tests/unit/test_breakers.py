@@ -145,7 +145,7 @@ def breakers(any_redis):
 def test_failures_open_one_breaker_and_the_index_says_so(breakers):
     store, clock = breakers
     changes = [store.record_failure("orders", "pay", "g1", FAIL, T, task_id=f"t{i}") for i in range(3)]
-    assert [c.changed for c in changes] == [True, False, True]   # created closed, then opened
+    assert [c.changed for c in changes] == [False, False, True]   # created closed, then opened
     assert store.get("orders", "g1").state == B.OPEN
     (summary,) = store.index()
     assert (summary.task, summary.state, summary.probe_due) == ("pay", B.OPEN, 1010.0)
@@ -156,15 +156,15 @@ def test_failures_open_one_breaker_and_the_index_says_so(breakers):
 
 def test_one_probe_wins_and_its_success_closes_and_releases(breakers, any_redis):
     store, clock = breakers
-    for i in range(3):
+    for _i in range(3):
         store.record_failure("orders", "pay", "g1", FAIL, T)
     assert store.hold("orders", "g1", "a:1", T) == 1010.0           # the first held comes back to probe
     assert store.hold("orders", "g1", "b:1", T) == 1000.0 + T.max_cooldown
     assert store.held_count("orders", "g1") == 2
-    assert not store.claim_probe("orders", "g1", "a")
+    assert store.claim_probe("orders", "g1", "a").after.state == B.OPEN
     clock.now = 1010.0
-    assert store.claim_probe("orders", "g1", "a")
-    assert not store.claim_probe("orders", "g1", "b")
+    assert store.claim_probe("orders", "g1", "a").after.probe_id == "a"
+    assert store.claim_probe("orders", "g1", "b").after.probe_id == "a"
     assert store.record_success("orders", "g1", "a").after.state == B.CLOSED
     assert store.index()[0].state == B.CLOSED
 
