@@ -19,6 +19,9 @@ from celery_dlq.storage.breakers import Breakers
 if TYPE_CHECKING:
     from celery_dlq.ops.backend import Backend
 
+#: A breaker's states: closed, open (deliveries held; a pause too), half_open (one delivery probing).
+BREAKER_STATES = B.STATES
+
 
 def os_user() -> str:
     """Who runs this command: ``user@host``, as a CLI pause records it."""
