@@ -170,6 +170,7 @@ POST_ROUTES = {
     "/login": [("/login", None)],
     "/logout": [("/logout", None)],
     "/sessions/revoke": [("/sessions/revoke", "revoke")],
+    "/breakers/{verb}": [("/breakers/pause", "pause"), ("/breakers/resume", "resume")],
 }
 
 
