@@ -1,6 +1,8 @@
 """The circuit breaker's state machine (pure) and its Redis side (fakeredis), with a fake clock."""
 from __future__ import annotations
 
+from uuid import uuid4
+
 import pytest
 
 from celery_dlq.policy import RedeliveryPolicy
@@ -139,7 +141,7 @@ class Clock:
 @pytest.fixture
 def breakers(any_redis):
     clock = Clock()
-    return Breakers(any_redis, Keys("t"), clock), clock
+    return Breakers(any_redis, Keys(f"t{uuid4().hex}"), clock), clock   # its own keys on a real server
 
 
 def test_failures_open_one_breaker_and_the_index_says_so(breakers):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
+from uuid import uuid4
 
 import pytest
 
@@ -60,7 +61,7 @@ def ctx(task_id: str, policy: RedeliveryPolicy = POLICY, task: str = "shop.charg
 @pytest.fixture
 def world(any_redis):
     clock, parking, dispatcher = Clock(), Parking(), Dispatcher()
-    sharded = ShardedStore(any_redis, Shards("t"), clock=clock)
+    sharded = ShardedStore(any_redis, Shards(f"t{uuid4().hex}"), clock=clock)   # its own keys on a real server
     conn = SimpleNamespace(client=any_redis, keys=sharded.home.keys, archive=None, sharded=sharded)
     events = TaskEvents(SimpleNamespace(tasks={}), SimpleNamespace(event_dispatcher=dispatcher))
     config = SimpleNamespace(settings=SimpleNamespace(breaker_refresh=1.0))
