@@ -77,7 +77,7 @@ class BreakerControls:
         """Hold ``task`` (or one failure ``group`` of it) on ``queue`` (None: every queue) until resumed."""
         if not task:
             raise ValueError("pause needs a task name")
-        change = self.store.pause(queue or B.ANY_QUEUE, task, group or B.WHOLE_TASK, who or os_user())
+        change = self.store.pause(queue or B.ANY_QUEUE, task, group or B.whole_task(task), who or os_user())
         assert change.after is not None
         return BreakerRow.of(change.after, 0)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATES = (CLOSED, OPEN, HALF_OPEN)
-#: The group of a breaker that stands for the whole task (a manual pause of a task).
-WHOLE_TASK = "*"
+#: The group of a breaker that stands for a whole task (a manual pause of it) starts with this.
+WHOLE_TASK = "*:"
 #: The queue of a breaker that stands for every queue (a pause given without a queue).
 ANY_QUEUE = "*"
 #: A probe that has not reported for this long (or its cool-down, if longer) is lost: another may probe.
@@ -108,6 +108,11 @@ class BreakerState:
             except ValueError:
                 return None
         return cls(**values)
+
+
+def whole_task(task: str) -> str:
+    """The group of the breaker that stands for all of ``task`` (``*:<task>``: breaker keys name no task)."""
+    return WHOLE_TASK + task
 
 
 def _str(value: Any) -> str:

@@ -30,7 +30,7 @@ def _target(params) -> tuple[str, str, str | None, str | None]:
         raise HTTPException(400, "pause or resume a task: verb (pause or resume) and task are required")
     queue = str(params.get("queue") or "").strip() or None
     group = str(params.get("group") or "").strip() or None
-    return verb, task, None if queue == "*" else queue, None if group == "*" else group
+    return verb, task, queue, group
 
 
 def breakers_page(request: Request) -> Response:

@@ -173,10 +173,10 @@ def test_one_probe_wins_and_its_success_closes_and_releases(breakers, any_redis)
 
 def test_pause_and_resume_of_a_whole_task(breakers):
     store, _ = breakers
-    change = store.pause(B.ANY_QUEUE, "pay", B.WHOLE_TASK, "bob")
+    change = store.pause(B.ANY_QUEUE, "pay", B.whole_task("pay"), "bob")
     assert change.changed and change.after.paused_by == "bob"
-    assert [s.group for s in summaries_for(store.index(), "anywhere", "pay")] == [B.WHOLE_TASK]
-    assert store.resume(B.ANY_QUEUE, B.WHOLE_TASK).after.state == B.CLOSED
-    assert not store.resume(B.ANY_QUEUE, B.WHOLE_TASK).changed   # closed already
+    assert [s.group for s in summaries_for(store.index(), "anywhere", "pay")] == [B.whole_task("pay")]
+    assert store.resume(B.ANY_QUEUE, B.whole_task("pay")).after.state == B.CLOSED
+    assert not store.resume(B.ANY_QUEUE, B.whole_task("pay")).changed   # closed already
     assert summaries_for(store.index(), "anywhere", "pay") == []
-    assert store.forget(B.ANY_QUEUE, B.WHOLE_TASK) and store.index() == []
+    assert store.forget(B.ANY_QUEUE, B.whole_task("pay")) and store.index() == []
