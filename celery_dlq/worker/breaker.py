@@ -53,6 +53,8 @@ class WorkerBreakers:
         self._read_at = float("-inf")
         self._successes: Counter[tuple[str, str]] = Counter()
         self._probes: dict[str, tuple[str, str]] = {}   # task id -> (queue, group) of the probe it runs
+        #: Tasks whose policy counts failures (seen by :meth:`hold`): only their successes are counted.
+        self._counting: set[str] = set()
         self._store: tuple[Connections, Breakers] | None = None
         self._lock = threading.Lock()
 
@@ -80,6 +82,8 @@ class WorkerBreakers:
         """True when an open breaker held this delivery (parked it, acknowledged it): it must not run."""
         if not ctx.policy.breaker:
             return False
+        if ctx.policy.breaker_counts and task_name not in self._counting:
+            self._counting.add(task_name)
         holding = summaries_for(self.index(), ctx.queue, task_name)
         if not holding or not task_id:
             return False
@@ -145,9 +149,14 @@ class WorkerBreakers:
             return
         self._changed(change, task_id)
 
-    def succeeded(self, task_id: str, context: Callable[[], MessageContext]) -> None:
-        """A delivery succeeded: counted in memory; a probe's success closes its breaker."""
+    def succeeded(self, task_name: str, task_id: str, context: Callable[[], MessageContext]) -> None:
+        """A delivery succeeded: counted in memory; a probe's success closes its breaker.
+
+        A task no breaker counts returns at once (two lookups in memory).
+        """
         probe = self._probes.pop(task_id, None)
+        if probe is None and task_name not in self._counting:
+            return
         try:
             if probe is None:
                 ctx = context()

@@ -158,7 +158,7 @@ class RedeliveryRequest(Request):
         if was_acknowledged or not self.acknowledged:
             return
         if not self._dlq_failed and self.time_start is not None:   # a success (acks_late): tell the breakers
-            runtime_of(self.app).breakers.succeeded(self.id, self._dlq_context)
+            runtime_of(self.app).breakers.succeeded(self.task.name, self.id, self._dlq_context)
         try:
             message = self.message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.

@@ -89,7 +89,7 @@ def test_failures_open_it_then_deliveries_are_held_and_a_probe_success_closes(wo
         sharded.home.store.park(entry, b"x", "orders", clock.now + 40.0)
     closed = []
     breakers.on_close.append(lambda queue, group: closed.append((queue, group)))
-    breakers.succeeded("h1", lambda: ctx("h1"))
+    breakers.succeeded("shop.charge", "h1", lambda: ctx("h1"))
     assert [fields["state"] for _, fields in dispatcher.sent] == [B.OPEN, B.HALF_OPEN, B.CLOSED]
     assert dispatcher.sent[-1][0] == BREAKER_CHANGED and dispatcher.sent[-1][1]["uuid"] == "h1"
     deadline = time.monotonic() + 10
@@ -116,9 +116,11 @@ def test_successes_count_in_memory_and_keep_a_busy_task_closed(world):
     breakers, clock, _, dispatcher, _ = world
     policy = RedeliveryPolicy(breaker=True, breaker_min_failures=2, breaker_failure_ratio=0.5)
     connected = breakers.redis
+    assert not breakers.hold("shop.charge", "s", ctx("s", policy=policy))   # a delivery seen: its task counted
     breakers.redis = lambda: pytest.fail("a success touched Redis")
     for i in range(10):
-        breakers.succeeded(f"s{i}", lambda: ctx("s", policy=policy))
+        breakers.succeeded("shop.charge", f"s{i}", lambda: ctx("s", policy=policy))
+    breakers.succeeded("shop.refund", "r", lambda: pytest.fail("a task no breaker counts was looked at"))
     breakers.redis = connected
     for i in range(3):
         breakers.failed(f"f{i}", ctx(f"f{i}", policy=policy), FAIL)
