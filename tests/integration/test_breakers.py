@@ -5,6 +5,7 @@ import json
 
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.totals import Metric, field
+from celery_dlq.worker.task_events import BREAKER_CHANGED
 
 
 def breakers(h) -> list[dict]:
@@ -101,3 +102,26 @@ def test_a_snooze_uses_no_attempt_and_its_bound_dead_letters(harness):
     assert headers["x-dlq-delivery-count"] == 1 and headers["x-dlq-snoozes"] == 3
     counted = h.redis.hget(Keys(h.prefix).metrics, field(Metric.SNOOZED, queue=h.queue, task="proj.snoozes"))
     assert int(counted) == 5
+
+
+def test_each_state_change_is_a_task_event_under_the_task_that_caused_it(harness):
+    from tests.integration.test_flower import EventTap, events_worker
+
+    h = harness
+    tap = EventTap(h.broker).start()
+    try:
+        h.redis.set(f"{h.prefix}:gateway_down", 1)
+        events_worker(h)
+        first = [h.send("proj.gateway", args=(i,)).id for i in range(3)]
+        h.wait_until(lambda: [e["state"] for e in tap.events if e["type"] == BREAKER_CHANGED] == ["open"],
+                     message="the open breaker's event")
+        (opened,) = [e for e in tap.events if e["type"] == BREAKER_CHANGED]
+        assert opened["uuid"] in first and opened["name"] == "proj.gateway" and opened["queue"] == h.queue
+        assert opened["cooldown"] == 4.0 and opened["group"] == breakers(h)[0]["group"]
+        h.redis.delete(f"{h.prefix}:gateway_down")
+        h.wait_until(lambda: [e["state"] for e in tap.events if e["type"] == BREAKER_CHANGED][-2:]
+                     == ["half_open", "closed"], timeout=60, message="the probe's events")
+        probe, closed = [e for e in tap.events if e["type"] == BREAKER_CHANGED][-2:]
+        assert probe["uuid"] == closed["uuid"] and ran_ok(h, closed["uuid"])
+    finally:
+        tap.stop()
