@@ -1,8 +1,8 @@
 """Benchmark: a retry storm. One kind of task fails during an outage; another, healthy, keeps coming.
 
-``--failing`` tasks (10,000) of ``storm.failing`` are published when an
-outage of ``--outage`` seconds (60) starts: each attempt fails while it
-lasts, then succeeds. ``--healthy`` tasks (2,000) of ``storm.healthy`` are
+``--failing`` tasks (10,000) of ``storm.failing`` are published at a steady
+rate during an outage of ``--outage`` seconds (60): each attempt fails while
+it lasts, then succeeds. ``--healthy`` tasks (2,000) of ``storm.healthy`` are
 published at a steady rate over the outage and as long again after it, on the
 same queue. Every side retries the failing kind on the same schedule (1 s
 doubling to 30 s, 20 retries: bench/storm_app.py, bench/storm_dramatiq.py):
@@ -128,7 +128,8 @@ def one_side(server: RedisServer, side: str, n_failing: int, n_healthy: int, out
         t0 = time.monotonic()
         thread = threading.Thread(target=steady, daemon=True)
         thread.start()
-        for i in range(failing):
+        for i in range(failing):   # at a steady rate over the outage, as calls to a service keep coming
+            time.sleep(max(0.0, t0 + i * outage / failing - time.monotonic()))
             sender.send("failing", i)
         time.sleep(max(0.0, t0 + outage - time.monotonic()))
         cpu1, cmds1 = tree_cpu(proc.pid), client.info("stats")["total_commands_processed"]

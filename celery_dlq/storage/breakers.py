@@ -158,7 +158,7 @@ class Breakers:
         """Count a delivery held by the breaker and list its parked entry; returns when it comes back."""
         now = self.clock()
         key = self.keys.breaker(queue, group)
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.client.pipeline(transaction=False)   # one round trip; the count orders the holds
         pipe.hincrby(key, "held", 1)
         pipe.hgetall(key)
         pipe.zadd(self.keys.breaker_held(queue, group), {entry_id: now})

@@ -49,7 +49,8 @@ class Parking:
         self.config, self.redis, self.events = config, redis, events
 
     def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float,
-                        message: Any = None, new_body: bool = False, metric: str = Metric.PARKED) -> float:
+                        message: Any = None, new_body: bool = False, metric: str = Metric.PARKED,
+                        archived: bool = True) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
         ``message`` is the consumed kombu message: on a Redis broker that is
@@ -60,7 +61,9 @@ class Parking:
         the parked copy takes. The message's expiry (Celery's ``expires``) is
         stored with it, for the mover. ``metric`` is the counter raised
         (``snoozed_total`` and ``breaker_held_total`` park with ``delivery`` one
-        lower: no attempt used). Returns the due time. Raises on any
+        lower: no attempt used). ``archived``: False parks without a
+        ``parked`` event (a breaker's hold: its own events tell the story).
+        Returns the due time. Raises on any
         Redis error, before which nothing was acknowledged.
         """
         now = time.time()
@@ -71,7 +74,8 @@ class Parking:
                                        failure=failure, now=now)
         copy = envelope.with_headers(headers)
         shard = self.redis().shard(envelope.task_id or UNKNOWN_TASK_ID)   # the shard of the entry id park_once makes
-        event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
+        event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now) \
+            if archived else (None, 0)
         raw = raw_element(message) if message is not None and self.config.direct and usable(DIRECT_PARK) else None
         if raw is not None:
             if new_body:
@@ -108,13 +112,16 @@ class Parking:
 
         A snooze (``snooze``: its count and seconds go into the copy's
         headers, counted as ``snoozed_total``) or a delivery an open circuit
-        breaker holds (``breaker_held_total``). Returns the due time.
+        breaker holds (``breaker_held_total``, no ``parked`` event: one per
+        held delivery would fill the archive during an outage; the breaker's
+        own events are archived). Returns the due time.
         """
         envelope, failure = ctx.envelope, snooze_failure(delay) if snooze else HELD_FAILURE
         if snooze:
             envelope = envelope.with_headers(snooze_headers(envelope.headers, delay))
         return self.redeliver_later(envelope, delivery=ctx.delivery - 1, failure=failure, delay=delay,
-                                    message=ctx.message, metric=Metric.SNOOZED if snooze else Metric.HELD)
+                                    message=ctx.message, metric=Metric.SNOOZED if snooze else Metric.HELD,
+                                    archived=snooze)
 
 
 def park_once(store: ParkedStore, payload: bytes, envelope: Envelope, nxt: int, due: float, event: Any,
