@@ -138,16 +138,18 @@ class WorkerBreakers:
         group = failure_group(task, failure)
         with self._lock:
             successes = self._successes.pop((ctx.queue, task), 0)
+        thresholds = B.Thresholds.of(ctx.policy)
         try:
-            change = self.store().record_failure(ctx.queue, task, group, failure, B.Thresholds.of(ctx.policy),
-                                                 task_id=task_id, successes=successes)
+            changes = [self.store().record_failure(ctx.queue, task, group, failure, thresholds, task_id=task_id,
+                                                   successes=successes)]
             if probe is not None and probe[1] != group:   # the probe failed otherwise: its own breaker reopens
-                change = self.store().apply(probe[0], probe[1], lambda s: B.record_failure(
-                    s, self.clock(), B.Thresholds.of(ctx.policy), task_id=task_id))
+                changes.append(self.store().apply(probe[0], probe[1], lambda s: B.record_failure(
+                    s, self.clock(), thresholds, task_id=task_id)))
         except Exception:
             logger.warning("celery-dlq: could not count a failure of %s on its breaker", task, exc_info=True)
             return
-        self._changed(change, task_id)
+        for change in changes:
+            self._changed(change, task_id)
 
     def succeeded(self, task_name: str, task_id: str, context: Callable[[], MessageContext]) -> None:
         """A delivery succeeded: counted in memory; a probe's success closes its breaker.

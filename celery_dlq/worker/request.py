@@ -157,7 +157,7 @@ class RedeliveryRequest(Request):
         super().acknowledge()
         if was_acknowledged or not self.acknowledged:
             return
-        if not self._dlq_failed and self.time_start is not None:   # a success (acks_late): tell the breakers
+        if not self._dlq_failed and self.time_start is not None and self.task.acks_late:   # a success: breakers
             runtime_of(self.app).breakers.succeeded(self.task.name, self.id, self._dlq_context)
         try:
             message = self.message
