@@ -43,9 +43,9 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
-import psutil  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import redis  # noqa: E402
 

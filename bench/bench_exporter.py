@@ -37,13 +37,12 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from bench.common import (RedisServer, machine, parser, redis_server_version, timed_call,  # noqa: E402
-                          timed_runs)
+from bench.common import RedisServer, machine, parser, redis_server_version, timed_call, timed_runs  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.exporter import DLQCollector, serve  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
-from celery_dlq.storage.totals import Metric, field  # noqa: E402
 from celery_dlq.storage.store import ParkedStore  # noqa: E402
+from celery_dlq.storage.totals import Metric, field  # noqa: E402
 
 TARGET_MS = 50.0
 PREFIX = "bench"

@@ -49,8 +49,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BenchWorker, RedisServer, Stage, machine, median, parser,  # noqa: E402
-                          print_table, process_cpu, redis_server_version, wait_until)
+from bench.common import (  # noqa: E402
+    BenchWorker,
+    RedisServer,
+    Stage,
+    machine,
+    median,
+    parser,
+    print_table,
+    process_cpu,
+    redis_server_version,
+    wait_until,
+)
 
 SIDES = ("celery", "dlq", "celery_solo", "dlq_solo", "dramatiq", "dramatiq_p1t2")
 BEFORE_SIDES = ("dlq_before", "dlq_before_solo")

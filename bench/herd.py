@@ -42,14 +42,14 @@ import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
 from bench.common import RedisServer, machine, median, parser, pct, print_table  # noqa: E402
+from celery_dlq.settings import DEFAULTS  # noqa: E402
 from celery_dlq.storage.keys import Keys, QueueLists  # noqa: E402
 from celery_dlq.storage.lease import MoverLease  # noqa: E402
 from celery_dlq.storage.scripts import script_source  # noqa: E402
 from celery_dlq.worker.fetch_listener import FetchListener  # noqa: E402
 from celery_dlq.worker.fetch_moves import FetchMoves  # noqa: E402
-from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402
 from celery_dlq.worker.fetch_wait import FALLBACK, FETCH, HEARD_FOR, MARKER_WAIT, MARKERS, REGISTER_EVERY  # noqa: E402
-from celery_dlq.settings import DEFAULTS  # noqa: E402
+from celery_dlq.worker.heartbeat import Heartbeat  # noqa: E402
 
 INFLIGHT_LEASE = DEFAULTS["dlq_inflight_lease"]
 

@@ -31,8 +31,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BenchWorker, RedisServer, machine, parser,  # noqa: E402
-                          print_table, publish, redis_server_version, sample_message, wait_until)
+from bench.common import (  # noqa: E402
+    BenchWorker,
+    RedisServer,
+    machine,
+    parser,
+    print_table,
+    publish,
+    redis_server_version,
+    sample_message,
+    wait_until,
+)
 from celery_dlq.storage.store import DirectPayload  # noqa: E402
 
 MB = 1024 * 1024

@@ -148,8 +148,8 @@ def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = T
 def run_raw(url: str, n: int, payload: bytes) -> float:
     import redis
 
-    from celery_dlq.worker.runtime import runtime_of
     from celery_dlq.storage.store import to_ms
+    from celery_dlq.worker.runtime import runtime_of
 
     app = make_app(url, "b4raw")
     dlq = runtime_of(app)

@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BenchWorker, RedisServer, machine, parser, pct,  # noqa: E402
-                          print_table, redis_server_version)
+from bench.common import BenchWorker, RedisServer, machine, parser, pct, print_table, redis_server_version  # noqa: E402
 from bench.mover import RAW_MOVE, make_app, sample_payload  # noqa: E402
 
 QUEUE = "bench4"  # the queue the sample payload names
@@ -81,8 +80,8 @@ def collect(url: str, n: int, timeout: float, out: list[float]) -> None:
 def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[float]:
     import redis
 
-    from celery_dlq.worker.runtime import runtime_of
     from celery_dlq.storage.store import to_ms
+    from celery_dlq.worker.runtime import runtime_of
 
     prefix = f"b5{side}"
     client = redis.Redis.from_url(url)

@@ -21,8 +21,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BenchWorker, RedisServer, Stage, machine, median, parser,  # noqa: E402
-                          print_table, process_cpu, redis_server_version, unsettled, wait_until)
+from bench.common import (  # noqa: E402
+    BenchWorker,
+    RedisServer,
+    Stage,
+    machine,
+    median,
+    parser,
+    print_table,
+    process_cpu,
+    redis_server_version,
+    unsettled,
+    wait_until,
+)
 
 VARIANTS = ("celery", "celery_late", "dlq_nopersist", "dlq_kombufetch", "dlq")
 LABELS = {

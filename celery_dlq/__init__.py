@@ -25,6 +25,7 @@ from celery_dlq.signals import task_dead_lettered, task_redelivery_scheduled
 if TYPE_CHECKING:
     from celery_dlq.worker.install import install, resolve_policy
     from celery_dlq.worker.runtime import delivery_count
+    from celery_dlq.worker.snooze import Snooze
     from celery_dlq.worker.task import Redeliver, RedeliveryTask
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ _WORKER = {
     "delivery_count": "celery_dlq.worker.runtime",
     "Redeliver": "celery_dlq.worker.task",
     "RedeliveryTask": "celery_dlq.worker.task",
+    "Snooze": "celery_dlq.worker.snooze",
 }
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "Redeliver",
     "RedeliveryPolicy",
     "RedeliveryTask",
+    "Snooze",
     "StoreError",
     "__version__",
     "delivery_count",

@@ -49,6 +49,13 @@ class MessageExpired(DLQError):
     """
 
 
+class SnoozeLimitExceeded(DLQError):
+    """A task snoozed more often, or for longer in all, than ``max_snoozes`` / ``max_snooze_time`` allow.
+
+    Raised in the task instead of the snooze: the message is dead-lettered (``non_retryable``) with it.
+    """
+
+
 class InvalidMessage(DLQError):
     """A queue held something that cannot become a task message (the transport dead-letters it raw)."""
 

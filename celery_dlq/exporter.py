@@ -61,6 +61,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from celery_dlq.ops import Operator
+from celery_dlq.ops.breakers import BREAKER_STATES
 from celery_dlq.ops.operator import Metric as Totals
 from celery_dlq.ops.operator import broker_url_of
 from celery_dlq.urls import sanitize
@@ -86,6 +87,8 @@ GAUGES = {
     "parked": ("Retries parked (or being moved) for a queue.", ("queue",)),
     "overdue_parked": ("Parked retries past due by more than a few mover intervals: no mover is moving them.",
                        ("queue",)),
+    "breaker_state": ("A circuit breaker's state: 1 for the state it is in, 0 for the others (closed, open, "
+                      "half_open).", ("queue", "task", "group", "state")),
     "scrape_duration_seconds": ("Seconds the last successful scrape of Redis took.", ()),
     "redis_up": ("1 when the exporter could read Redis, 0 when it could not.", ()),
 }
@@ -238,8 +241,16 @@ class DLQCollector(Collector):
         parked = gauge("parked")
         for queue, n in sorted(parked_by_queue.items()):
             parked.add_metric([queue], n)
-        families += [parked, self.overdue(now, parked_by_queue), *self.totals()]
+        families += [parked, self.overdue(now, parked_by_queue), self.breakers(), *self.totals()]
         return families
+
+    def breakers(self) -> Metric:
+        """Each circuit breaker's state, one sample per state (``ops.BreakerControls.rows``)."""
+        family = gauge("breaker_state")
+        for row in self.op.breakers.rows():
+            for state in BREAKER_STATES:
+                family.add_metric([row.queue, row.task, row.group, state], int(row.state == state))
+        return family
 
     def dlqs(self, parked_by_queue: dict[str, int]) -> dict[str, str | None]:
         """DLQ name -> its queue: as ``celery dlq queues`` finds them, SCAN's part from :attr:`discovery`.

@@ -25,6 +25,8 @@ from celery_dlq.errors import ConfigurationError
 from celery_dlq.workflow import CHORD_RULES, CHORD_WAIT
 
 UNLIMITED = -1
+#: ``breaker``: held by hand only (``celery dlq pause``), never opened by failures.
+BREAKER_MANUAL = "manual"
 #: ``expired``: what becomes of a message whose ``expires`` passes before its next delivery.
 EXPIRED_DEAD_LETTER, EXPIRED_DROP = "dead_letter", "drop"
 
@@ -111,6 +113,30 @@ def _string(name: str, value: Any) -> str:
     return value
 
 
+def _breaker(name: str, value: Any) -> bool | str:
+    if value is True or value is False or value == BREAKER_MANUAL:
+        return value
+    raise _fail(name, value, f"True (automatic), {BREAKER_MANUAL!r} (pause and resume only) or False")
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise _fail(name, value, "a finite number > 0")
+    return float(value)
+
+
+def _ratio(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < float(value) <= 1.0:
+        raise _fail(name, value, "a number in (0.0, 1.0]")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(name, value, "an integer >= 1")
+    return value
+
+
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail(name, value, "True or False")
@@ -173,6 +199,20 @@ class RedeliveryPolicy:
     #: A dead-lettered chord member's chord: "wait" for its replay, "fail" now, "continue" without it
     #: (celery_dlq.workflow, docs/workflows.md); a message's ``x-dlq-chord-rule`` header overrides it.
     chord_rule: str = CHORD_WAIT
+    #: Circuit breaker per failure group (docs/operating.md#handling-an-incident): True opens on failures and
+    #: obeys pause/resume; "manual" obeys pause/resume only; False (default) costs nothing.
+    breaker: bool | str = False
+    breaker_window: float = 60.0              # seconds over which failures and successes are counted
+    breaker_min_failures: int = 20            # failures of one group in the window before it may open
+    breaker_failure_ratio: float = 0.5        # ... and their share of the window's outcomes
+    breaker_cooldown: float = 10.0            # seconds open before one delivery probes
+    breaker_cooldown_multiplier: float = 2.0  # each failed probe multiplies the cool-down ...
+    breaker_max_cooldown: float = 300.0       # ... up to this
+    breaker_release_rate: float = 10.0        # held deliveries released per second after a close, doubling ...
+    breaker_max_release_rate: float = 500.0   # ... each second up to this
+    auto_redrive: bool = False                # replay the group's dead letters when its breaker closes
+    max_snoozes: int = 100                    # snoozes (waits that use no attempt) before it counts as a failure
+    max_snooze_time: float = 86400.0          # seconds of snoozing in all, likewise
     explicit_fields: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +267,16 @@ class RedeliveryPolicy:
         """The queue an expired message from ``queue`` goes to; None when it is dropped."""
         return None if self.expired == EXPIRED_DROP else self.dead_letter_queue(queue)
 
+    @property
+    def breaker_counts(self) -> bool:
+        """Whether failures open this task's breakers (``breaker=True``), not only a manual pause."""
+        return self.breaker is True
+
+    def snooze_left(self, snoozes: int, snoozed: float, seconds: float) -> bool:
+        """Whether one more snooze of ``seconds`` stays within ``max_snoozes`` and ``max_snooze_time``."""
+        return (self.max_snoozes == UNLIMITED or snoozes < self.max_snoozes) \
+            and snoozed + seconds <= self.max_snooze_time
+
     def as_fields(self) -> dict[str, Any]:
         """The explicit fields only, as a mapping (for merging)."""
         return {name: getattr(self, name) for name in self.explicit_fields}
@@ -249,6 +299,18 @@ VALIDATORS = {
     "dead_letter_max_length": _optional_length,
     "expired": _expired,
     "chord_rule": _chord_rule,
+    "breaker": _breaker,
+    "breaker_window": _positive,
+    "breaker_min_failures": _count,
+    "breaker_failure_ratio": _ratio,
+    "breaker_cooldown": _positive,
+    "breaker_cooldown_multiplier": _multiplier,
+    "breaker_max_cooldown": _positive,
+    "breaker_release_rate": _positive,
+    "breaker_max_release_rate": _positive,
+    "auto_redrive": _flag,
+    "max_snoozes": _attempts,
+    "max_snooze_time": _seconds,
 }
 FIELD_NAMES = frozenset(VALIDATORS)
 assert FIELD_NAMES == {f.name for f in fields(RedeliveryPolicy) if f.init}

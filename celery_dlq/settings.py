@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "dlq_store_min_replicas": 0,    # WAIT for this many replicas after parks and moves (0: never)
     "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
     "dlq_jobs_poll": 5.0,           # a worker looks this often for redrive jobs nobody runs (0: it runs none)
+    "dlq_breaker_refresh": 1.0,     # a worker reads the breakers' index at most this often (tasks with a breaker)
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -123,6 +124,7 @@ class DLQSettings:
     store_min_replicas: int
     store_replica_timeout: float
     jobs_poll: float
+    breaker_refresh: float
     default_policy: dict[str, Any]
     task_policies: PatternMap
     queue_policies: PatternMap
@@ -172,6 +174,7 @@ class DLQSettings:
             store_min_replicas=_count_or_zero("dlq_store_min_replicas", get("dlq_store_min_replicas")),
             store_replica_timeout=_positive("dlq_store_replica_timeout", get("dlq_store_replica_timeout")),
             jobs_poll=0.0 if get("dlq_jobs_poll") == 0 else _positive("dlq_jobs_poll", get("dlq_jobs_poll")),
+            breaker_refresh=_positive("dlq_breaker_refresh", get("dlq_breaker_refresh")),
             default_policy=_policy_fields(get("dlq_default_policy"), "dlq_default_policy"),
             task_policies=PatternMap.from_mapping(get("dlq_task_policies"), "dlq_task_policies", _policy_fields),
             queue_policies=PatternMap.from_mapping(get("dlq_queue_policies"), "dlq_queue_policies", _policy_fields),

@@ -59,6 +59,7 @@ DEAD, DROPPED, PARKED, REDELIVERED = EventType.DEAD_LETTERED, EventType.DROPPED,
 REPLAYED, TRIMMED, PURGED = EventType.REPLAYED, EventType.TRIMMED, EventType.PURGED
 #: An operator's replay, purge, edit or job action (the audit trail's record): counted by type, read lean.
 OPERATOR_ACTION = EventType.OPERATOR_ACTION
+BREAKER = EventType.BREAKER   # a circuit breaker changed state (no message of its own: in no figure yet)
 #: The events the report reads whole: dead letters and what moves them out of their DLQ. Of the others
 #: (parked, redelivered, dropped: nine in ten) it reads LEAN_COLUMNS only, and the rest is left null.
 DETAILED = (DEAD, REPLAYED, TRIMMED, PURGED)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from celery_dlq.errors import BrokerNotSupported, ForceRequired, PlanError, UnknownQueue
 from celery_dlq.ops.backend import Size
+from celery_dlq.ops.breakers import BreakerControls, BreakerRow
 from celery_dlq.ops.groups import FailureGroup, GroupReport
 from celery_dlq.ops.letters import DeadLetter, Filter, Selector, TaskIds
 from celery_dlq.ops.operator import Operator, QueueInfo
@@ -25,7 +26,8 @@ from celery_dlq.ops.selection import PARAMS, BadSelection, NothingSelected, Sele
 from celery_dlq.storage.groups import GroupStats
 
 __all__ = [
-    "PARAMS", "BadSelection", "BrokerNotSupported", "DeadLetter", "DeadLetterQueue", "FailureGroup", "Filter",
+    "PARAMS", "BadSelection", "BreakerControls", "BreakerRow",
+    "BrokerNotSupported", "DeadLetter", "DeadLetterQueue", "FailureGroup", "Filter",
     "ForceRequired", "GroupReport", "GroupStats", "NotInPlan", "NothingSelected", "Operator", "Outcome", "Overdue",
     "ParkedRetries", "ParkedRetry", "PlanError", "PlanReplay", "QueueInfo", "ReplayIntoItself", "Selection",
     "Selector", "Size", "TaskIds", "UnknownQueue", "parse_filter",

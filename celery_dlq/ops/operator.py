@@ -17,6 +17,7 @@ from typing import Any
 
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops.backend import QUARANTINE, Backend, quarantined_queue
+from celery_dlq.ops.breakers import BreakerControls
 from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.queue import DeadLetterQueue
@@ -67,6 +68,11 @@ class Operator(Backend):
         url = broker_url_of(app)
         broker = None if url is None else home if url == settings.redis_url else client(url)
         return cls(app, client=home, broker=broker, **kw)
+
+    @property
+    def breakers(self) -> BreakerControls:
+        """The circuit breakers: list, pause, resume (``ops/breakers.py``)."""
+        return BreakerControls(self)
 
     def quarantines(self) -> dict[str, str]:
         """``quarantine:<queue>`` -> queue, for every non-empty quarantine list (SCAN)."""

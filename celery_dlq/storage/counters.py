@@ -13,8 +13,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from celery_dlq.storage.keys import Shards
 from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.sharding import Shards
 
 
 class DeliveryCounters:

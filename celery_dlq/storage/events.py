@@ -13,6 +13,7 @@ The payload hash of each event is :func:`celery_dlq.message.payload_hash`.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -38,8 +39,9 @@ class EventType:
     TRIMMED = "trimmed"              # retention deleted it from its DLQ (reason: why)
     PURGED = "purged"                # an operator deleted it from its DLQ
     OPERATOR_ACTION = "operator_action"  # an operator's replay, purge, edit, pause, ... (the audit record)
+    BREAKER = "breaker"              # a circuit breaker changed state (reason: the new state; record: group, who)
 
-    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED, OPERATOR_ACTION)
+    ALL = (PARKED, REDELIVERED, DEAD_LETTERED, DROPPED, REPLAYED, TRIMMED, PURGED, OPERATOR_ACTION, BREAKER)
 
 
 @dataclass(frozen=True)
@@ -283,3 +285,12 @@ def action_event(record: Mapping[str, Any], text: str) -> Event:
                  reason=str(record.get("action") or ""), exception_message=H.truncate(str(record.get("why") or ""),
                                                                                       H.MAX_SUMMARY),
                  worker=str(record.get("who") or ""), record=text)
+
+
+def breaker_event(state: str, queue: str, task: str, *, group: str, ts: float, task_id: str = "",
+                  exception_type: str = "", message: str = "", paused_by: str = "") -> Event:
+    """A circuit breaker of ``task``'s failure ``group`` on ``queue`` is now ``state`` (``reason``); ``task_id``
+    is its probe's, ``record`` names the group and who paused it."""
+    record = json.dumps({"group": group, "paused_by": paused_by}, sort_keys=True)
+    return Event(type=EventType.BREAKER, ts_us=to_us(ts) or 0, task_id=task_id, task_name=task, queue=queue,
+                 reason=state, exception_type=exception_type, exception_message=message[:1024], record=record)

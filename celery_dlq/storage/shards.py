@@ -1,6 +1,6 @@
 """The parked store and archive split over shards (``dlq_store_shards``), and read as one.
 
-Each shard is a key set with its own hash tag (:class:`~celery_dlq.storage.keys.Shards`),
+Each shard is a key set with its own hash tag (:class:`~celery_dlq.storage.sharding.Shards`),
 so on a Redis Cluster the shards spread over the masters while every Lua
 script still touches one slot. A task's entries, delivery counters, audit
 markers and archive events live in the shard its id picks; the home set
@@ -17,15 +17,17 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from celery_dlq.message import as_text as _text
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.archive import EventLog
-from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.store import Entry, ParkedStore
 
 #: How often a long-running reader or mover looks for the shards of another shard count (seconds).
@@ -118,6 +120,26 @@ class ShardedStore:
         if entry_id is not None:
             return next((1 for shard in self._looking_for(entry_id) if shard.store.redeliver_now(entry_id, now)), 0)
         return sum(shard.store.redeliver_now(None, now) for shard in self.all)
+
+    def reschedule(self, dues: Mapping[str, float]) -> int:
+        """Bring parked entries forward to their due time (unix seconds) in ``dues``: one pipeline per shard.
+
+        Returns how many are parked (``redeliver_one.lua``: unknown or leased entries are left alone)."""
+        by_shard: dict[int, dict[str, float]] = {}
+        shards: dict[int, Shard] = {}
+        for entry_id, due in dues.items():
+            shard = self._looking_for(entry_id)[0]
+            shards[id(shard)] = shard
+            by_shard.setdefault(id(shard), {})[entry_id] = due
+        script = Scripts(self.client).get("redeliver_one")
+        parked = 0
+        for k, part in by_shard.items():
+            keys = shards[k].keys
+            pipe = self.client.pipeline(transaction=False)
+            for entry_id, due in part.items():   # an entry due sooner keeps its time; a leased one is left
+                script(keys=[keys.schedule, keys.due_wake], args=[entry_id, int(due * 1000)], client=pipe)
+            parked += sum(int(n) for n in pipe.execute())
+        return parked
 
     def count(self) -> int:
         return sum(shard.store.count() for shard in self.all)

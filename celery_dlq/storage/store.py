@@ -157,7 +157,7 @@ class ParkedStore:
     def park(self, entry_id: str, payload: bytes, queue: str, due: float,
              event: Mapping[str, str] | None = None, events_max_length: int = 0,
              ack: tuple[Sequence[str], str] | None = None, task: str | None = None,
-             expires: float | None = None) -> bool:
+             expires: float | None = None, metric: str = Metric.PARKED) -> bool:
         """Store ``payload`` to go back to ``queue`` at ``due`` (unix seconds).
 
         Idempotent: when ``entry_id`` is already parked or leased nothing
@@ -169,13 +169,13 @@ class ParkedStore:
         raised: the message is parked. ``ack`` is ``(keys, delivery tag)``:
         kombu's ``unacked`` hash, its index and the consumer's ``fetched``
         set, from which the consumed message is removed in the same script.
-        ``parked_total{queue, task}`` of the exporter's counters is raised too.
+        ``metric{queue, task}`` (``parked_total``) of the exporter's counters is raised too.
         ``expires`` (unix seconds) is when the message expires (Celery's
         ``expires``): once it has passed, the mover dead-letters the entry
         instead of moving it (``lua/move_due.lua``).
         """
         ack_keys, tag = ack if ack is not None else ((), "")
-        counted = totals.field(Metric.PARKED, queue=queue, task=task or "")
+        counted = totals.field(metric, queue=queue, task=task or "")  # snoozed_total, breaker_held_total apart
         args: list[Any] = [entry_id, payload, queue, to_ms(due), int(events_max_length) if event else 0, tag,
                            counted, "" if expires is None else to_ms(expires), int(self.clock() // 60)]
         for name, value in (event or {}).items():

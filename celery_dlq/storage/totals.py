@@ -45,6 +45,8 @@ class Metric:
     REPLAYED = "replayed_total"                # operator tools: moved from a DLQ back to a queue
     PURGED = "purged_total"                    # operator tools: deleted from a DLQ
     TRIMMED = "trimmed_total"                  # retention: deleted over a DLQ's length or age limit
+    SNOOZED = "snoozed_total"                  # a task asked to wait (Snooze): parked, no attempt used
+    HELD = "breaker_held_total"                # an open circuit breaker parked a delivery, no attempt used
 
     LABELS: ClassVar[dict[str, tuple[str, ...]]] = {
         PARKED: ("queue", "task"),
@@ -54,6 +56,8 @@ class Metric:
         REPLAYED: ("dlq",),
         PURGED: ("dlq",),
         TRIMMED: ("dlq",),
+        SNOOZED: ("queue", "task"),
+        HELD: ("queue", "task"),
     }
 
     HELP: ClassVar[dict[str, str]] = {
@@ -64,6 +68,8 @@ class Metric:
         REPLAYED: "Dead letters replayed from a DLQ by the operator tools.",
         PURGED: "Dead letters purged from a DLQ by the operator tools.",
         TRIMMED: "Dead letters deleted by retention (a DLQ's length or age limit).",
+        SNOOZED: "Deliveries that snoozed (asked to wait without using an attempt), parked.",
+        HELD: "Deliveries an open circuit breaker parked without running them or using an attempt.",
     }
 
 

@@ -29,7 +29,7 @@ from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops import Operator
 from celery_dlq.settings import web_token
 from celery_dlq.urls import sanitize
-from celery_dlq.web import actions, api, edit, jobs, views
+from celery_dlq.web import actions, api, breakers, edit, jobs, views
 from celery_dlq.web.auth import Access
 from celery_dlq.web.jobs import DashboardJobs
 from celery_dlq.web.middleware import AuthMiddleware, local_path
@@ -83,7 +83,7 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
     sessions = Sessions(op.client, op.keys, session_ttl)
     throttle = LoginThrottle(op.client, op.keys, login_limit, login_window)
     app = Starlette(
-        routes=[*views.ROUTES, *actions.ROUTES, *api.ROUTES, *jobs.ROUTES, *edit.ROUTES,
+        routes=[*views.ROUTES, *actions.ROUTES, *api.ROUTES, *jobs.ROUTES, *edit.ROUTES, *breakers.ROUTES,
                 Mount("/static", app=StaticFiles(packages=[("celery_dlq.web", "static")]), name="static")],
         middleware=[Middleware(OriginMiddleware, origin=origin),
                     Middleware(AuthMiddleware, access=access, sessions=sessions, throttle=throttle)],

@@ -27,7 +27,8 @@ VIEWER, OPERATOR, ADMIN = "viewer", "operator", "admin"
 #: Lowest first: a role may do everything the roles before it may.
 ROLES = (VIEWER, OPERATOR, ADMIN)
 #: Each action and the lowest role that may take it.
-ACTIONS = {"replay": OPERATOR, "redeliver": OPERATOR, "edit": OPERATOR, "job": OPERATOR, "purge": ADMIN,
+ACTIONS = {"replay": OPERATOR, "redeliver": OPERATOR, "edit": OPERATOR, "job": OPERATOR, "pause": OPERATOR,
+           "resume": OPERATOR, "purge": ADMIN,
            "delete": ADMIN, "revoke": ADMIN}
 #: The user name of the token login (``Authorization: Bearer``, or the login form with this user).
 TOKEN_USER = "token"

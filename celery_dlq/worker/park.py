@@ -28,13 +28,18 @@ from celery_dlq.signals import send_isolated, task_redelivery_scheduled
 from celery_dlq.storage.archive import PAYLOAD_HASH
 from celery_dlq.storage.keys import UNKNOWN_TASK_ID
 from celery_dlq.storage.store import DirectPayload, ParkedStore
-from celery_dlq.worker.config import Config
+from celery_dlq.storage.totals import Metric
+from celery_dlq.worker.config import Config, MessageContext
 from celery_dlq.worker.connections import Connections
+from celery_dlq.worker.snooze import snooze_failure, snooze_headers
 from celery_dlq.worker.task_events import TaskEvents
 from celery_dlq.worker.transport import Channel
 
 #: ``Envelope.extra`` key: the delivery tag of the consumed message a parked copy came from.
 SOURCE_TAG = "source_delivery_tag"
+#: The ``failure`` a delivery held by an open circuit breaker records (it did not run).
+HELD_FAILURE = {"type": "celery_dlq.BreakerOpen", "message": "held by an open circuit breaker (no attempt used)",
+                "traceback": ""}
 
 
 class Parking:
@@ -44,7 +49,8 @@ class Parking:
         self.config, self.redis, self.events = config, redis, events
 
     def redeliver_later(self, envelope: Envelope, *, delivery: int, failure: Mapping[str, str], delay: float,
-                        message: Any = None, new_body: bool = False) -> float:
+                        message: Any = None, new_body: bool = False, metric: str = Metric.PARKED,
+                        archived: bool = True) -> float:
         """Park the message to be delivered again as number ``delivery + 1`` after ``delay`` seconds.
 
         ``message`` is the consumed kombu message: on a Redis broker that is
@@ -53,7 +59,11 @@ class Parking:
         inside Redis. ``new_body``: ``envelope`` carries another body than the
         consumed message (:func:`celery_dlq.message.with_arguments`), which
         the parked copy takes. The message's expiry (Celery's ``expires``) is
-        stored with it, for the mover. Returns the due time. Raises on any
+        stored with it, for the mover. ``metric`` is the counter raised
+        (``snoozed_total`` and ``breaker_held_total`` park with ``delivery`` one
+        lower: no attempt used). ``archived``: False parks without a
+        ``parked`` event (a breaker's hold: its own events tell the story).
+        Returns the due time. Raises on any
         Redis error, before which nothing was acknowledged.
         """
         now = time.time()
@@ -64,7 +74,8 @@ class Parking:
                                        failure=failure, now=now)
         copy = envelope.with_headers(headers)
         shard = self.redis().shard(envelope.task_id or UNKNOWN_TASK_ID)   # the shard of the entry id park_once makes
-        event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now)
+        event, max_length = shard.archive.parked_fields(copy, failure=failure, delivery=delivery, due=due, now=now) \
+            if archived else (None, 0)
         raw = raw_element(message) if message is not None and self.config.direct and usable(DIRECT_PARK) else None
         if raw is not None:
             if new_body:
@@ -83,7 +94,8 @@ class Parking:
         tag = envelope.delivery_tag
         settle = channel if isinstance(channel, Channel) and tag else None
         ack = (settle.ack_keys(), tag) if settle is not None else None
-        parked = park_once(shard.store, payload, envelope, nxt, due, event, max_length, ack, H.expires_at(headers))
+        parked = park_once(shard.store, payload, envelope, nxt, due, event, max_length, ack, H.expires_at(headers),
+                           metric)
         if settle is not None and tag:
             settle.settled(tag)
         if not parked:
@@ -95,8 +107,25 @@ class Parking:
         return due
 
 
+    def park_again(self, ctx: MessageContext, *, delay: float, snooze: bool = False) -> float:
+        """Park without using an attempt: the next delivery keeps this one's number.
+
+        A snooze (``snooze``: its count and seconds go into the copy's
+        headers, counted as ``snoozed_total``) or a delivery an open circuit
+        breaker holds (``breaker_held_total``, no ``parked`` event: one per
+        held delivery would fill the archive during an outage; the breaker's
+        own events are archived). Returns the due time.
+        """
+        envelope, failure = ctx.envelope, snooze_failure(delay) if snooze else HELD_FAILURE
+        if snooze:
+            envelope = envelope.with_headers(snooze_headers(envelope.headers, delay))
+        return self.redeliver_later(envelope, delivery=ctx.delivery - 1, failure=failure, delay=delay,
+                                    message=ctx.message, metric=Metric.SNOOZED if snooze else Metric.HELD,
+                                    archived=snooze)
+
+
 def park_once(store: ParkedStore, payload: bytes, envelope: Envelope, nxt: int, due: float, event: Any,
-              max_length: int, ack: Any = None, expires: float | None = None) -> bool:
+              max_length: int, ack: Any = None, expires: float | None = None, metric: str = Metric.PARKED) -> bool:
     """Park ``payload`` as entry ``<task id>:<next delivery>``; False if this very message is parked already.
 
     The entry id makes a park idempotent when the same message instance
@@ -106,14 +135,15 @@ def park_once(store: ParkedStore, payload: bytes, envelope: Envelope, nxt: int, 
     delivery tag in its entry id instead of being mistaken for a repeat.
     """
     entry_id = f"{envelope.task_id or UNKNOWN_TASK_ID}:{nxt}"
-    if store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name, expires):
+    if store.park(entry_id, payload, envelope.queue, due, event, max_length, ack, envelope.task_name, expires,
+                  metric):
         return True
     existing = store.get(entry_id)
     tag = envelope.delivery_tag
     if existing is None or not tag or source_tag_of(existing.payload) == tag:
         return False  # parked already by an earlier delivery of this same message
     return store.park(f"{entry_id}:{tag}", payload, envelope.queue, due, event, max_length,
-                      task=envelope.task_name, expires=expires)
+                      task=envelope.task_name, expires=expires, metric=metric)
 
 
 def source_tag_of(payload: bytes) -> str | None:

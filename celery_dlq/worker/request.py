@@ -36,6 +36,7 @@ from celery_dlq.message import instance_of, was_redelivered, with_arguments
 from celery_dlq.storage.chords import take_chord
 from celery_dlq.worker.config import MessageContext
 from celery_dlq.worker.runtime import runtime_of
+from celery_dlq.worker.snooze import Snooze
 from celery_dlq.worker.task import Redeliver
 from celery_dlq.worker.task_events import failed_exception
 
@@ -64,15 +65,20 @@ class RedeliveryRequest(Request):
 
     _dlq_handled = False
     _dlq_write_attempts = 0
+    #: Set by every outcome but success (Celery's per-task Request subclass overrides ``on_success``).
+    _dlq_failed = False
     #: ``(dlq, reason, delivery)`` once this request's message is dead-lettered (dlq None: dropped).
     _dlq_letter: tuple[str | None, str, int] | None = None
 
     # -- entry points from the pool ------------------------------------------
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        self._dlq_failed = True
         exc = _unwrap(exc_info.exception)
         if self._dlq_handled:  # a hard time limit reports twice
             return None
+        if isinstance(exc, Snooze):
+            return self._dlq_snooze(exc, exc_info, send_failed_event, return_ok)
         if isinstance(exc, Redeliver):
             return self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok)
         if isinstance(exc, WorkerLostError) and self._dlq_succeeded():
@@ -100,6 +106,7 @@ class RedeliveryRequest(Request):
         """
         if soft:
             return super().on_timeout(soft, timeout)
+        self._dlq_failed = True
         if self._dlq_handled:
             return None
         self._dlq_handled = True
@@ -150,6 +157,8 @@ class RedeliveryRequest(Request):
         super().acknowledge()
         if was_acknowledged or not self.acknowledged:
             return
+        if not self._dlq_failed and self.time_start is not None and self.task.acks_late:   # a success: breakers
+            runtime_of(self.app).breakers.succeeded(self.task.name, self.id, self._dlq_context)
         try:
             message = self.message
             # Only a restored (redelivered) instance has a counter: first deliveries write none.
@@ -187,6 +196,16 @@ class RedeliveryRequest(Request):
         except Exception:
             return self._dlq_write_failed(
                 "park", lambda: self._dlq_redeliver(exc, exc_info, send_failed_event, return_ok))
+        runtime_of(self.app).breakers.failed(self.id, ctx, exc.failure)
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def _dlq_snooze(self, exc, exc_info, send_failed_event, return_ok):
+        """The task snoozed (worker/snooze.py): park the message without using an attempt."""
+        try:
+            runtime_of(self.app).parking.park_again(self._dlq_context(), delay=exc.seconds, snooze=True)
+        except Exception:
+            return self._dlq_write_failed(
+                "park", lambda: self._dlq_snooze(exc, exc_info, send_failed_event, return_ok))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
     def _dlq_bad_arguments(self, error, exc_info, send_failed_event, return_ok):
@@ -220,6 +239,7 @@ class RedeliveryRequest(Request):
         failure = _failure(exc, exc_info.traceback)
         if self._dlq_takeover(failure, reason, lost=False, retry=retry) is None:
             return None
+        runtime_of(self.app).breakers.failed(self.id, ctx, failure)
         self._dlq_tell_chord(failure, request_context(self))
         return super().on_failure(exc_info, send_failed_event, return_ok)
 

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from celery_dlq import headers as H
+from celery_dlq.worker.breaker import WorkerBreakers
 from celery_dlq.worker.config import Config
 from celery_dlq.worker.connections import Connections, PerProcess
 from celery_dlq.worker.consumer_link import ConsumerLink
@@ -46,6 +47,8 @@ class Runtime:
         self.events = TaskEvents(app, self.consumer)
         self.redis: PerProcess[Connections] = PerProcess(lambda: Connections(app, self.config.settings, self.events))
         self.parking = Parking(self.config, self.redis, self.events)
+        #: Circuit breakers (worker/breaker.py); ``breakers.on_close`` takes callables of ``(queue, group)``.
+        self.breakers = WorkerBreakers(self.config, self.redis, self.parking, self.events)
         self.fetch_moved = MoveTally()
         #: Set while this worker holds the mover lease (the Mover step's heartbeat): shared work such as taking
         #: over redrive jobs (``worker/jobs.py``) is done by the holder alone, so it costs the same however many.

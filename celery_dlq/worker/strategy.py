@@ -56,7 +56,7 @@ def strategy(task, app, consumer, **kwargs):
     """
     handler = default_strategy(task, app, consumer, **kwargs)
     runtime = runtime_of(app)
-    config, redis = runtime.config, runtime.redis
+    config, redis, breakers = runtime.config, runtime.redis, runtime.breakers
     hostname = consumer.hostname
 
     def dlq_task_message_handler(message, body, ack, reject, callbacks, **kw):
@@ -67,6 +67,8 @@ def strategy(task, app, consumer, **kwargs):
             if problem:
                 _dead_letter_invalid(redis(), task, message, ctx, hostname, problem)
                 return None
+            if ctx.policy.breaker and not _waits_for_eta(headers) and breakers.hold(task.name, headers["id"], ctx):
+                return None   # an open circuit breaker parked it: not run, no attempt used (worker/breaker.py)
             if not _waits_for_eta(headers) and ctx.policy.persist_delivery_count_before_delivery:
                 if _count_or_dead_letter(redis(), task, message, ctx, hostname):
                     return None

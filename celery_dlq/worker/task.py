@@ -22,6 +22,7 @@ from celery_dlq.errors import MessageExpired
 from celery_dlq.message import queue_of
 from celery_dlq.worker.install import install
 from celery_dlq.worker.runtime import delivery_count, runtime_of
+from celery_dlq.worker.snooze import Snooze, check_snooze
 
 #: Request attribute: the exception ``self.retry()`` raised because the retry would come after ``expires``.
 EXPIRED_RETRY = "celery_dlq_expired_retry"
@@ -114,6 +115,11 @@ class RedeliveryTask(Task):
             return super().__call__(*args, **kwargs)
         try:
             retval = self.run(*args, **kwargs)
+        except Snooze as snooze:   # a wait, not an attempt (worker/snooze.py), within the policy's bound
+            outcome = check_snooze(self._policy_and_delivery()[0], request.get, snooze, self.name)
+            if outcome is not snooze:
+                runtime_of(self.app).redis().chords.withhold(request)   # the last failure
+            raise outcome from None
         except (Retry, Ignore, Reject):
             raise  # the task's own say (retry, replace(), reject): never a failed delivery
         except MessageExpired:
@@ -159,6 +165,10 @@ class RedeliveryTask(Task):
 
     def _expires_before(self, delay: float) -> bool:
         return H.expires_before({"expires": self.request.expires}, time.time() + delay)
+
+    def snooze(self, seconds: float, message: str | None = None) -> None:
+        """Deliver this message again in ``seconds`` without using an attempt (raises :class:`Snooze`)."""
+        raise Snooze(seconds, message)
 
     def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None,
               max_retries=None, **options):

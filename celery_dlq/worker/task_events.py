@@ -8,7 +8,9 @@ stored (next to the :mod:`celery_dlq.signals` of the same name):
   ``queue`` (where it came from), ``reason``, ``delivery_count``,
   ``exception_type``;
 * ``task-redelivery-scheduled``: ``delivery_count`` (of the coming
-  delivery), ``due`` (unix seconds), ``queue``, ``exception_type``.
+  delivery), ``due`` (unix seconds), ``queue``, ``exception_type``;
+* ``task-breaker-changed``: a circuit breaker's ``state``, ``queue``,
+  ``group`` and ``cooldown``, filed under the task whose outcome changed it.
 
 Both carry ``uuid`` (the task id) and ``name`` (the task name) as Celery's own
 task events do, so ``celery events``, Flower and any ``app.events.Receiver``
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 DEAD_LETTERED = "task-dead-lettered"
 REDELIVERY_SCHEDULED = "task-redelivery-scheduled"
+BREAKER_CHANGED = "task-breaker-changed"
 
 
 def failed_exception(exception: str, dlq: str | None, reason: str, delivery: int) -> str:
@@ -63,6 +66,11 @@ class TaskEvents:
                              queue: str, exception_type: str) -> None:
         self._send(REDELIVERY_SCHEDULED, task_id, task_name, delivery_count=delivery, due=due, queue=queue,
                    exception_type=exception_type)
+
+    def breaker_changed(self, task_id: str | None, task_name: str | None, *, queue: str, group: str, state: str,
+                        cooldown: float) -> None:
+        """A circuit breaker of ``task_name`` on ``queue`` is now ``state``; ``task_id``'s outcome changed it."""
+        self._send(BREAKER_CHANGED, task_id, task_name, queue=queue, group=group, state=state, cooldown=cooldown)
 
     def _send(self, type_: str, task_id: str | None, task_name: str | None, **fields: Any) -> None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)

@@ -22,7 +22,7 @@ def test_the_spark_ddl_is_derived_from_the_archive_schema():
     # Spark reads the columns export writes, in the same order.
     assert [name for name, _ in ddl_columns(M.EVENTS_DDL)] == [*EVENT_SCHEMA.names, *PARTITION_SCHEMA.names]
     assert {M.DEAD, M.DROPPED, M.PARKED, M.REDELIVERED, M.REPLAYED, M.TRIMMED, M.PURGED,
-            M.OPERATOR_ACTION} == set(EventType.ALL)
+            M.OPERATOR_ACTION, M.BREAKER} == set(EventType.ALL)
 
 
 def test_a_field_added_to_the_archive_schema_reaches_the_spark_ddl():

@@ -336,3 +336,29 @@ if os.environ.get("DLQ_TEST_KILL_AFTER_SUCCESS"):   # tests/integration/test_cho
         if task_id and client().delete(f"{PREFIX}:kill_after_success:{task_id}"):
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- circuit breakers and snoozes (tests/integration/test_breakers.py) ---------------------------------
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.gateway",
+          redelivery_policy={"redelivery_delay": 0.2, "max_delivery_attempts": 10, "breaker": True,
+                             "breaker_min_failures": 3, "breaker_cooldown": 4.0, "breaker_max_cooldown": 8.0,
+                             "breaker_release_rate": 2.0, "breaker_max_release_rate": 20.0})
+def gateway(self, n=0):
+    """Fails while the Redis key ``<prefix>:gateway_down`` exists (the outage); each run logged."""
+    down = bool(client().exists(f"{PREFIX}:gateway_down"))
+    record(self, ok=not down)
+    if down:
+        raise ConnectionError(f"gateway down (order {n})")
+    return n
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.snoozes",
+          redelivery_policy={"max_delivery_attempts": 2, "max_snoozes": 3})
+def snoozes(self, times=1, seconds=0.1):
+    """Snoozes ``times`` times (rate limited), then succeeds; each run logged with its snooze count."""
+    snoozed = int(self.request.get("x-dlq-snoozes") or 0)
+    record(self, snoozed=snoozed)
+    if snoozed < times:
+        self.snooze(seconds)
+    return snoozed

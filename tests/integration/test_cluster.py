@@ -14,14 +14,14 @@ import uuid
 from collections import Counter
 
 import pyarrow.dataset as ds
-
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
 from celery_dlq import headers as H
 from celery_dlq.storage import totals, trends
-from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.totals import Metric
 from tests.redis_server import RedisClusterServers
 

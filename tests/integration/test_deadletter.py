@@ -10,10 +10,11 @@ from celery import Celery
 
 from celery_dlq import RedeliveryPolicy, task_dead_lettered
 from celery_dlq import headers as H
-from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.message import Envelope
-from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
+from celery_dlq.worker.deadletter import DeadLetterer
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from celery_dlq.ops.parked import ParkedRetry
 from celery_dlq.storage import totals
 from celery_dlq.storage.archive import EventLog
 from celery_dlq.storage.keys import Keys, QueueLists, Stat
-from celery_dlq.storage.totals import Metric
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.storage.store import ParkedStore, DirectPayload, add_moves, to_ms
+from celery_dlq.storage.store import DirectPayload, ParkedStore, add_moves, to_ms
+from celery_dlq.storage.totals import Metric
 from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 

@@ -17,11 +17,11 @@ from celery_dlq import RedeliveryPolicy, install
 from celery_dlq import headers as H
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.message import Envelope, decode_raw, payload_hash
+from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import archive, events
 from celery_dlq.storage.archive import Event, EventLog, EventType
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import PRELUDE, SCRIPT_NAMES, script_body
-from celery_dlq.settings import DLQSettings
 from celery_dlq.worker.mover import MoverThread
 
 UNPICKLED: list[str] = []

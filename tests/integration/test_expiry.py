@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import subprocess
+import sys
 import time
 
 import pytest

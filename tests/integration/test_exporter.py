@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
 from celery_dlq.storage.keys import Keys, QueueLists
-from tests.services import require_binary
 from tests.integration.conftest import ROOT
 from tests.processes import ServerProcess, wait_for
 from tests.redis_server import RedisServer
+from tests.services import require_binary
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from kombu import Producer
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.store import ParkedStore
 from tests.integration.conftest import Worker
-from tests.services import missing
 from tests.integration.test_mover import park_noop_messages
+from tests.services import missing
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import pytest
 
 from celery_dlq.storage import totals
 from celery_dlq.storage.keys import Keys, Stat
-from celery_dlq.storage.totals import Metric
 from celery_dlq.storage.store import ParkedStore
+from celery_dlq.storage.totals import Metric
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,10 @@ from celery import Celery
 from celery_dlq import RedeliveryPolicy
 from celery_dlq import headers as H
 from celery_dlq.fingerprint import group_id, normalise
-from celery_dlq.ops import Filter, Operator
 from celery_dlq.message import Envelope, decode_raw
-from celery_dlq.storage.keys import QueueLists, Shards
+from celery_dlq.ops import Filter, Operator
+from celery_dlq.storage.keys import QueueLists
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.retention import Retention

@@ -11,8 +11,8 @@ import json
 import time
 
 import pytest
-from celery import Celery
 from amqp.exceptions import NotFound
+from celery import Celery
 from kombu import Connection, Queue
 
 from celery_dlq import headers as H

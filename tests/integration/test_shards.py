@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from celery_dlq.storage.keys import Shards
+from celery_dlq.storage.sharding import Shards
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from celery import Celery
 from celery.events.state import State
 
 from celery_dlq import RedeliveryPolicy
-from celery_dlq.worker.task_events import DEAD_LETTERED, TaskEvents, failed_exception
 from celery_dlq.message import Envelope
 from celery_dlq.storage.keys import Keys
+from celery_dlq.worker.task_events import DEAD_LETTERED, TaskEvents, failed_exception
 from tests.integration.test_deadletter import dead_letter, letterer_for
 
 

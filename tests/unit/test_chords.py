@@ -10,8 +10,16 @@ from celery_dlq.errors import ConfigurationError
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage.chords import SETTLED_TTL_S, ChordLedger, chord_fields, request_fields, take_chord
 from celery_dlq.storage.keys import Keys
-from celery_dlq.workflow import (CHORD_WAIT, chord_rule, describe_failure, is_placeholder, membership,
-                                 placeholder, rule_of, summary)
+from celery_dlq.workflow import (
+    CHORD_WAIT,
+    chord_rule,
+    describe_failure,
+    is_placeholder,
+    membership,
+    placeholder,
+    rule_of,
+    summary,
+)
 
 
 def member(task_id="t1", group="g1", index=3):

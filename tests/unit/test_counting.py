@@ -5,7 +5,6 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from celery_dlq import headers as H
-
 from celery_dlq.worker.strategy import _waits_for_eta
 
 

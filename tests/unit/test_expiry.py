@@ -15,9 +15,9 @@ from celery_dlq import ConfigurationError, RedeliveryPolicy
 from celery_dlq import headers as H
 from celery_dlq.element import with_body
 from celery_dlq.message import Envelope, decode_raw, with_arguments, with_task_arguments
-from celery_dlq.storage.keys import Keys
-from celery_dlq.storage.store import ParkedStore, DirectPayload
 from celery_dlq.settings import DLQSettings
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.store import DirectPayload, ParkedStore
 from celery_dlq.worker.task import Redeliver
 
 T0 = 1_700_000_000.0

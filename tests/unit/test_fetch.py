@@ -20,7 +20,8 @@ from celery_dlq.element import envelope_error, raw_dead_letter
 from celery_dlq.storage.inflight import parse_value
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.worker import transport as T, transport_setup as TS
+from celery_dlq.worker import transport as T
+from celery_dlq.worker import transport_setup as TS
 from celery_dlq.worker.runtime import runtime_of
 
 

@@ -6,13 +6,13 @@ from importlib import resources
 
 import fakeredis
 import pytest
+from redis.crc import key_slot
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.storage.counters import DeliveryCounters
-from redis.crc import key_slot
-
-from celery_dlq.storage.keys import Keys, Shards, shard_index, shard_tag
+from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import PRELUDE, SCRIPT_NAMES, Scripts, script_body, script_source
+from celery_dlq.storage.sharding import Shards, shard_index, shard_tag
 
 LUA_DIR = resources.files("celery_dlq.storage").joinpath("lua")
 

@@ -8,8 +8,7 @@ import re
 import pytest
 from celery import Celery
 
-from celery_dlq.ops import Operator
-from celery_dlq.ops import window
+from celery_dlq.ops import Operator, window
 from celery_dlq.ops.window import find_letter, parse_anchor, read_window
 from celery_dlq.storage.keys import QueueLists
 from celery_dlq.web import create_app

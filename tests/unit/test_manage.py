@@ -22,12 +22,21 @@ from celery_dlq import headers as H
 from celery_dlq.cli import base as cli_base
 from celery_dlq.cli.options import parse_time
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.ops import (BrokerNotSupported, DeadLetter, DeadLetterQueue, Filter, ForceRequired, Operator,
-                               TaskIds, UnknownQueue)
 from celery_dlq.message import CARRIED_PROPERTIES, Envelope
+from celery_dlq.ops import (
+    BrokerNotSupported,
+    DeadLetter,
+    DeadLetterQueue,
+    Filter,
+    ForceRequired,
+    Operator,
+    TaskIds,
+    UnknownQueue,
+)
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage.archive import EventLog
-from celery_dlq.storage.keys import Keys, QueueLists, Shards, Stat
+from celery_dlq.storage.keys import Keys, QueueLists, Stat
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.worker.deadletter import DeadLetterer
 from celery_dlq.worker.retention import Retention

@@ -487,3 +487,15 @@ def test_a_sharded_store_is_scraped_as_one(any_redis, unique):
     assert got[("celery_dlq_parked", (("queue", "other"),))] == 4
     assert got[("celery_dlq_parked_total", (("queue", s.queue), ("task", "shop.charge")))] == 12
     assert overdue(got) == {s.queue: 2, "other": 2}                                   # t0..t3, due a minute ago
+
+
+def test_each_breaker_reports_one_sample_per_state(setup):
+    s = setup
+    s.op.breakers.pause("shop.charge", queue=s.queue, who="alice")
+    s.op.breakers.pause("shop.refund", queue=s.queue, who="bob")
+    s.op.breakers.resume("shop.refund")
+    got = scrape(s.collector)
+    states = {(dict(labels)["task"], dict(labels)["state"]): value for (name, labels), value in got.items()
+              if name == "celery_dlq_breaker_state"}
+    assert states == {("shop.charge", "open"): 1, ("shop.charge", "closed"): 0, ("shop.charge", "half_open"): 0,
+                      ("shop.refund", "open"): 0, ("shop.refund", "closed"): 1, ("shop.refund", "half_open"): 0}

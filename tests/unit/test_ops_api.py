@@ -11,8 +11,22 @@ from starlette.datastructures import ImmutableMultiDict
 from starlette.exceptions import HTTPException
 
 from celery_dlq.cli.options import make_filter, make_selection
-from celery_dlq.ops import (PARAMS, BadSelection, DeadLetterQueue, Filter, NothingSelected, NotInPlan, Operator,
-                            PlanError, PlanReplay, ReplayIntoItself, Selection, Size, TaskIds, parse_filter)
+from celery_dlq.ops import (
+    PARAMS,
+    BadSelection,
+    DeadLetterQueue,
+    Filter,
+    NothingSelected,
+    NotInPlan,
+    Operator,
+    PlanError,
+    PlanReplay,
+    ReplayIntoItself,
+    Selection,
+    Size,
+    TaskIds,
+    parse_filter,
+)
 from celery_dlq.web.actions import Action
 from celery_dlq.web.api import selection_params
 from celery_dlq.web.query import BadQuery, Query

@@ -5,8 +5,8 @@ import pytest
 from celery import Celery
 
 from celery_dlq.errors import ConfigurationError
-from celery_dlq.storage.client import broker_url
 from celery_dlq.settings import DLQSettings
+from celery_dlq.storage.client import broker_url
 from celery_dlq.urls import canonical, parse, sanitize
 
 KOMBU = "sentinel://:s3cret@10.0.0.1:26379;sentinel://:s3cret@10.0.0.2:26380;sentinel://10.0.0.3/2"

@@ -5,9 +5,9 @@ import pytest
 from celery import Celery
 
 import celery_dlq
-from celery_dlq.worker.steps import STEPS
 from celery_dlq import ConfigurationError, RedeliveryPolicy, RedeliveryTask, resolve_policy
 from celery_dlq.settings import DLQSettings
+from celery_dlq.worker.steps import STEPS
 
 
 def make_app(**conf):

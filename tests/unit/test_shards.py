@@ -17,9 +17,10 @@ import redis
 from celery_dlq.analytics import export as X
 from celery_dlq.storage import totals
 from celery_dlq.storage.archive import Event
-from celery_dlq.storage.keys import Shards, Stat
-from celery_dlq.storage.totals import Metric
+from celery_dlq.storage.keys import Stat
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
+from celery_dlq.storage.totals import Metric
 from tests.redis_server import free_port
 
 T0 = 1_700_000_000.0

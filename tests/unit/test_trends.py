@@ -11,8 +11,9 @@ from celery import Celery
 
 from celery_dlq.ops import Operator
 from celery_dlq.storage import trends
-from celery_dlq.storage.keys import Keys, Shards
+from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
 from celery_dlq.worker.deadletter import DeadLetterer

@@ -13,18 +13,18 @@ import re
 
 import pytest
 from celery import Celery
-from click.testing import CliRunner
 from celery.bin.base import CLIContext
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from celery_dlq import cli
-from celery_dlq.ops import Operator
 from celery_dlq.message import Envelope
+from celery_dlq.ops import Operator
 from celery_dlq.ops.window import read_window
-from celery_dlq.web import create_app
 from celery_dlq.storage.keys import Keys
+from celery_dlq.web import create_app
 from celery_dlq.web.sessions import SESSION_TTL, Sessions
 from tests.unit.test_manage import UNPICKLED, Evil, dead_letter, run
 
@@ -173,6 +173,7 @@ POST_ROUTES = {
     "/jobs/{job_id}/{action}": [("/jobs/j1/pause", "job"), ("/jobs/j1/resume", "job"), ("/jobs/j1/cancel", "job")],
     "/api/jobs/{job_id}/{action}": [("/api/jobs/j1/pause", "job"), ("/api/jobs/j1/cancel", "job")],
     "/dlq/{name}/letters/{task_id}/edit": [("/dlq/DLQ.orders/letters/t1/edit", "edit")],
+    "/breakers/{verb}": [("/breakers/pause", "pause"), ("/breakers/resume", "resume")],
 }
 
 

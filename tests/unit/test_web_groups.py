@@ -13,7 +13,7 @@ from celery import Celery
 from celery_dlq import headers as H
 from celery_dlq.fingerprint import group_id
 from celery_dlq.ops import Operator
-from celery_dlq.storage.keys import Shards
+from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
 from celery_dlq.worker.deadletter import DeadLetterer

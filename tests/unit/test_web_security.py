@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from celery_dlq import cli
-from celery_dlq.ops import Operator
 from celery_dlq.message import Envelope
+from celery_dlq.ops import Operator
 from celery_dlq.storage.keys import Keys
 from celery_dlq.web import auth, create_app
 from celery_dlq.web.origin import Origin, bind_hosts, split_host

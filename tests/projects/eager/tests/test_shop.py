@@ -1,6 +1,5 @@
 """The project's own unit tests: eager calls, no broker, no Redis."""
 import pytest
-
 from shopapp import OutOfStock, app, charge, reserve
 
 

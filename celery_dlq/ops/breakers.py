@@ -1,0 +1,100 @@
+"""The operator's circuit breakers: list them, pause a task or a failure group by hand, resume.
+
+A pause is an open breaker that never probes (``paused_by`` says who); the
+workers hold the task's deliveries on that queue (every queue when none is
+given) while its policy has ``breaker`` ``True`` or ``"manual"``. A resume
+closes it and releases what it held at the rising pace of the task's policy
+(``breaker_release_rate``, ``breaker_max_release_rate``), as a probe's success does.
+"""
+from __future__ import annotations
+
+import getpass
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_dlq.storage import breaker_state as B
+from celery_dlq.storage.breakers import Breakers
+
+if TYPE_CHECKING:
+    from celery_dlq.ops.backend import Backend
+
+#: A breaker's states: closed, open (deliveries held; a pause too), half_open (one delivery probing).
+BREAKER_STATES = B.STATES
+
+
+def os_user() -> str:
+    """Who runs this command: ``user@host``, as a CLI pause records it."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class BreakerRow:
+    """One breaker as ``celery dlq breakers`` and the dashboard show it."""
+
+    queue: str
+    task: str
+    group: str
+    state: str
+    exception: str
+    failures: int
+    opened_at: float | None
+    probe_at: float | None
+    cooldown: float
+    paused_by: str
+    held: int
+
+    @classmethod
+    def of(cls, s: B.BreakerState, held: int) -> BreakerRow:
+        exception = f"{s.exception_type}: {s.message}" if s.exception_type else ""
+        return cls(s.queue, s.task, s.group, s.state, exception, s.failures, s.opened_at or None,
+                   s.next_probe if s.state != B.CLOSED and not s.paused_by else None, s.cooldown, s.paused_by, held)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class BreakerControls:
+    """One app's breakers, for the operator (``backend``: its Redis)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.store = Breakers(backend.client, backend.keys, backend.clock, archive=backend.archive)
+
+    def rows(self, task: str | None = None, queue: str | None = None) -> list[BreakerRow]:
+        """Every breaker (of ``task``, on ``queue``), with how many deliveries it holds."""
+        rows = []
+        for s in self.store.all():
+            if (task is None or s.task == task) and (queue is None or s.queue == queue):
+                rows.append(BreakerRow.of(s, self.store.held_count(s.queue, s.group)))
+        return rows
+
+    def pause(self, task: str, *, queue: str | None = None, group: str | None = None, who: str = "") -> BreakerRow:
+        """Hold ``task`` (or one failure ``group`` of it) on ``queue`` (None: every queue) until resumed."""
+        if not task:
+            raise ValueError("pause needs a task name")
+        change = self.store.pause(queue or B.ANY_QUEUE, task, group or B.whole_task(task), who or os_user())
+        assert change.after is not None
+        return BreakerRow.of(change.after, 0)
+
+    def matching(self, task: str, *, queue: str | None = None, group: str | None = None) -> list[BreakerRow]:
+        """The breakers of ``task`` that hold it now (a resume's selection)."""
+        return [row for row in self.rows(task) if row.state != B.CLOSED
+                and (queue is None or row.queue == queue) and (group is None or row.group == group)]
+
+    def resume(self, task: str, *, queue: str | None = None, group: str | None = None) -> tuple[int, int]:
+        """Close every breaker of ``task`` that holds it (on ``queue``, of ``group``); returns (closed, released)."""
+        closed = released = 0
+        for row in self.matching(task, queue=queue, group=group):
+            change = self.store.resume(row.queue, row.group)
+            if not change.changed:
+                continue
+            closed += 1
+            policy = self.backend.settings.policy_for(task, None if row.queue == B.ANY_QUEUE else row.queue)
+            released += self.store.release(self.backend.sharded, row.queue, row.group,
+                                           policy.breaker_release_rate, policy.breaker_max_release_rate)
+        return closed, released

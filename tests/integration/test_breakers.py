@@ -1,0 +1,127 @@
+"""Circuit breakers and snoozes with real workers: what ran is read from the tasks' delivery log in Redis."""
+from __future__ import annotations
+
+import json
+
+from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.totals import Metric, field
+from celery_dlq.worker.task_events import BREAKER_CHANGED
+
+
+def breakers(h) -> list[dict]:
+    return [json.loads(v) for v in h.redis.hgetall(Keys(h.prefix).breakers).values()]
+
+
+def breaker_events(h) -> list[str]:
+    """The states breakers went through, from the archive stream, in order."""
+    rows = h.redis.xrange(Keys(h.prefix).events)
+    return [f[b"reason"].decode() for _, f in rows if f.get(b"type", b"").strip(b"'") == b"breaker"]
+
+
+def held_entries(h, queue: str, group: str) -> set[str]:
+    return {e.decode() for e in h.redis.zrange(Keys(h.prefix).breaker_held(queue, group), 0, -1)}
+
+
+def ran_ok(h, task_id: str) -> bool:
+    return any(row.get("ok") for row in h.deliveries(task_id))
+
+
+def test_a_failing_group_opens_holds_its_task_only_then_a_probe_closes_it_and_releases(harness):
+    h = harness
+    h.redis.set(f"{h.prefix}:gateway_down", 1)
+    h.worker(concurrency=2)
+    first = [h.send("proj.gateway", args=(i,)).id for i in range(3)]
+    h.wait_until(lambda: [b["state"] for b in breakers(h)] == ["open"], message="the breaker opens")
+    (summary,) = breakers(h)
+    assert summary["task"] == "proj.gateway" and summary["queue"] == h.queue
+
+    held = [h.send("proj.gateway", args=(10 + i,)).id for i in range(4)]
+    healthy = [h.send("proj.noop", args=(i,)).id for i in range(4)]
+    h.wait_until(lambda: all(h.deliveries(t) for t in healthy), message="the queue's other task runs")
+    h.wait_until(lambda: {f"{t}:1" for t in held} <= held_entries(h, h.queue, summary["group"]),
+                 message="the new deliveries are held")
+    assert not any(h.deliveries(t) for t in held)            # held: never run while open
+    assert h.redis.hget(Keys(h.prefix).metrics,
+                        field(Metric.HELD, queue=h.queue, task="proj.gateway")) is not None
+
+    h.redis.delete(f"{h.prefix}:gateway_down")              # the outage ends: the next probe succeeds
+    h.wait_until(lambda: all(ran_ok(h, t) for t in first + held), timeout=60,
+                 message="every held and failed delivery succeeds after the close")
+    assert [b["state"] for b in breakers(h)] == ["closed"]
+    states = breaker_events(h)
+    assert states[0] == "open" and states[-2:] == ["half_open", "closed"], states
+    for t in held:   # each ran once, successfully, as its first delivery: holding used no attempt
+        rows = h.deliveries(t)
+        assert [(r["delivery"], r["ok"]) for r in rows] in ([(1, True)], [(1, False), (2, True)]), rows
+    assert sum(len(h.deliveries(t)) == 1 for t in held) >= 3   # at most one of them was a failed probe
+    for t in first:  # failed once before the breaker opened; its retry was held, then ran
+        assert [r["ok"] for r in h.deliveries(t)][-1] is True
+
+
+def test_pause_and_resume_a_task_from_the_cli(harness):
+    h = harness
+    h.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_task_policies": {"proj.noop": {"breaker": "manual"}},
+                                               "dlq_breaker_refresh": 0.2})
+    h.worker()
+    refused = h.dlq("pause", "proj.noop", "-Q", h.queue)
+    assert refused.returncode == 2 and "without --force" in refused.stderr
+    assert breakers(h) == []
+    paused = h.dlq("pause", "proj.noop", "-Q", h.queue, "--by", "alice", "--force")
+    assert paused.returncode == 0, paused.stderr
+    (row,) = h.dlq_json("breakers")
+    assert (row["task"], row["queue"], row["state"], row["paused_by"]) == ("proj.noop", h.queue, "open", "alice")
+
+    ids = [h.send("proj.noop", args=(i,)).id for i in range(3)]
+    other = h.send("proj.flaky", args=(0,)).id
+    h.wait_until(lambda: h.deliveries(other), message="another task runs")
+    h.wait_until(lambda: h.dlq_json("breakers")[0]["held"] == 3, message="the paused task is held")
+    assert not any(h.deliveries(t) for t in ids)
+
+    assert h.dlq("resume", "proj.noop", "-Q", h.queue).returncode == 2
+    resumed = h.dlq("resume", "proj.noop", "-Q", h.queue, "--force")
+    assert resumed.returncode == 0 and "Closed 1 breaker; 3 held deliveries released" in resumed.stdout
+    h.wait_until(lambda: all(h.deliveries(t) for t in ids), message="the held deliveries run")
+    assert [[r["delivery"] for r in h.deliveries(t)] for t in ids] == [[1], [1], [1]]
+    assert h.dlq_json("breakers")[0]["state"] == "closed"
+    assert h.dlq("resume", "proj.noop", "--force").returncode == 1    # nothing left to resume
+
+
+def test_a_snooze_uses_no_attempt_and_its_bound_dead_letters(harness):
+    h = harness
+    h.worker()
+    ok = h.send("proj.snoozes", kwargs={"times": 2}).id
+    over = h.send("proj.snoozes", kwargs={"times": 10}).id
+    h.wait_until(lambda: len(h.deliveries(ok)) == 3 and h.dead_letters(), message="a success and a dead letter")
+    assert [(r["delivery"], r["snoozed"]) for r in h.deliveries(ok)] == [(1, 0), (1, 1), (1, 2)]
+    assert [(r["delivery"], r["snoozed"]) for r in h.deliveries(over)] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    (letter,) = h.dead_letters()
+    headers = letter["headers"]
+    assert headers["id"] == over and headers["x-dlq-reason"] == "non_retryable"
+    assert headers["x-dlq-exception-type"].endswith("SnoozeLimitExceeded")
+    assert "max_snoozes=3" in headers["x-dlq-exception-message"]
+    assert headers["x-dlq-delivery-count"] == 1 and headers["x-dlq-snoozes"] == 3
+    counted = h.redis.hget(Keys(h.prefix).metrics, field(Metric.SNOOZED, queue=h.queue, task="proj.snoozes"))
+    assert int(counted) == 5
+
+
+def test_each_state_change_is_a_task_event_under_the_task_that_caused_it(harness):
+    from tests.integration.test_flower import EventTap, events_worker
+
+    h = harness
+    tap = EventTap(h.broker).start()
+    try:
+        h.redis.set(f"{h.prefix}:gateway_down", 1)
+        events_worker(h)
+        first = [h.send("proj.gateway", args=(i,)).id for i in range(3)]
+        h.wait_until(lambda: [e["state"] for e in tap.events if e["type"] == BREAKER_CHANGED] == ["open"],
+                     message="the open breaker's event")
+        (opened,) = [e for e in tap.events if e["type"] == BREAKER_CHANGED]
+        assert opened["uuid"] in first and opened["name"] == "proj.gateway" and opened["queue"] == h.queue
+        assert opened["cooldown"] == 4.0 and opened["group"] == breakers(h)[0]["group"]
+        h.redis.delete(f"{h.prefix}:gateway_down")
+        h.wait_until(lambda: [e["state"] for e in tap.events if e["type"] == BREAKER_CHANGED][-2:]
+                     == ["half_open", "closed"], timeout=60, message="the probe's events")
+        probe, closed = [e for e in tap.events if e["type"] == BREAKER_CHANGED][-2:]
+        assert probe["uuid"] == closed["uuid"] and ran_ok(h, closed["uuid"])
+    finally:
+        tap.stop()
