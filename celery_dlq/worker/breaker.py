@@ -15,7 +15,7 @@
   its success closes the breaker, its failure opens it again.
 * **Close.** The deliveries held meanwhile are released at a rising pace (in
   a thread, off the consumer's loop), then each callable of
-  :attr:`WorkerBreakers.on_close` is called with ``(queue, group)``.
+  :attr:`WorkerBreakers.on_close` is called with ``(queue, group, task)`` (``worker/redrive.py``).
 
 Every state change sends a ``task-breaker-changed`` event (Flower) and is
 archived (``breaker`` events).
@@ -46,8 +46,8 @@ class WorkerBreakers:
     def __init__(self, config: Config, redis: Callable[[], Connections], parking: Parking, events: TaskEvents,
                  clock: Callable[[], float] = time.time) -> None:
         self.config, self.redis, self.parking, self.events, self.clock = config, redis, parking, events, clock
-        #: Called with ``(queue, group)`` after a breaker this process closed released its held deliveries.
-        self.on_close: list[Callable[[str, str], Any]] = []
+        #: Called with ``(queue, group, task)`` after a breaker this process closed released its held deliveries.
+        self.on_close: list[Callable[[str, str, str], Any]] = []
         self.hostname = ""
         self._index: list[Summary] = []
         self._read_at = float("-inf")
@@ -202,6 +202,6 @@ class WorkerBreakers:
                              "back at their own time", closed.queue, closed.group)
         for hook in list(self.on_close):
             try:
-                hook(closed.queue, closed.group)
+                hook(closed.queue, closed.group, closed.task)
             except Exception:
                 logger.exception("celery-dlq: a breaker on_close hook failed")

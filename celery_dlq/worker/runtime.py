@@ -29,6 +29,7 @@ from celery_dlq.worker.connections import Connections, PerProcess
 from celery_dlq.worker.consumer_link import ConsumerLink
 from celery_dlq.worker.fetch_moves import MoveTally
 from celery_dlq.worker.park import Parking
+from celery_dlq.worker.redrive import AutoRedrive
 from celery_dlq.worker.task_events import TaskEvents
 
 #: The app attribute holding its runtime.
@@ -47,8 +48,9 @@ class Runtime:
         self.events = TaskEvents(app, self.consumer)
         self.redis: PerProcess[Connections] = PerProcess(lambda: Connections(app, self.config.settings, self.events))
         self.parking = Parking(self.config, self.redis, self.events)
-        #: Circuit breakers (worker/breaker.py); ``breakers.on_close`` takes callables of ``(queue, group)``.
+        #: Circuit breakers (worker/breaker.py); a close starts the group's redrive where the policy asks.
         self.breakers = WorkerBreakers(self.config, self.redis, self.parking, self.events)
+        self.breakers.on_close.append(AutoRedrive(app, self.config))
         self.fetch_moved = MoveTally()
         #: Set while this worker holds the mover lease (the Mover step's heartbeat): shared work such as taking
         #: over redrive jobs (``worker/jobs.py``) is done by the holder alone, so it costs the same however many.

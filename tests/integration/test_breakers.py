@@ -125,3 +125,32 @@ def test_each_state_change_is_a_task_event_under_the_task_that_caused_it(harness
         assert probe["uuid"] == closed["uuid"] and ran_ok(h, closed["uuid"])
     finally:
         tap.stop()
+
+
+def test_a_closed_breaker_redrives_its_group_at_a_rising_velocity_exactly_once(harness):
+    """20 tasks fail both attempts (dead-lettered) and open the breaker; the outage ends; a held delivery
+    probes and closes it; the worker's automatic redrive job replays the 20 letters, 2/s doubling every 5 s."""
+    h = harness
+    h.redis.set(f"{h.prefix}:gateway_down", 1)
+    h.worker(concurrency=2, DLQ_TEST_CONF=json.dumps({"dlq_jobs_poll": 0.2, "dlq_breaker_refresh": 0.2}))
+    failed = [h.send("proj.gateway_redrive", args=(i,)).id for i in range(20)]
+    h.wait_until(lambda: len(h.dead_letters()) == 20, timeout=60, message="20 dead letters")
+    h.wait_until(lambda: [b["state"] for b in breakers(h)] == ["open"], message="the breaker opens")
+    h.redis.delete(f"{h.prefix}:gateway_down")
+    probe = h.send("proj.gateway_redrive", args=(99,)).id      # held, then the probe after the cool-down
+    h.wait_until(lambda: ran_ok(h, probe), timeout=30, message="the probe succeeds")
+    h.wait_until(lambda: all(ran_ok(h, t) for t in failed), timeout=60, message="every letter redriven")
+    h.wait_until(lambda: h.dead_letters() == [], message="the DLQ empty")
+
+    for t in failed:   # two failed deliveries, then exactly one replay, which succeeded
+        assert [r["ok"] for r in h.deliveries(t)] == [False, False, True], h.deliveries(t)
+    (job,) = h.dlq_json("jobs")
+    assert job["kind"] == "redrive" and job["state"] == "done" and job["done"] == 20, job
+    assert job["who"] == f"breaker {h.queue}/{breakers(h)[0]['group']}"
+    assert any(row["action"] == "start" and row["who"] == job["who"] for row in h.dlq_json("audit"))
+    replayed = sorted(r["at"] for t in failed for r in h.deliveries(t) if r["ok"])
+    first, last = replayed[:8], replayed[-8:]
+    # 2/s for the first 5 s (8 letters in pairs a second apart: 3 s), 4/s after (8 letters: 2 s)
+    assert first[-1] - first[0] >= 2.5, replayed
+    assert last[-1] - last[0] <= (first[-1] - first[0]) * 0.75, replayed
+    assert job["rate"] >= 4.0, job
