@@ -88,7 +88,7 @@ def test_failures_open_it_then_deliveries_are_held_and_a_probe_success_closes(wo
     for entry in ("h2:1", "h3:1"):                                  # as park_again would have parked them
         sharded.home.store.park(entry, b"x", "orders", clock.now + 40.0)
     closed = []
-    breakers.on_close.append(lambda queue, group: closed.append((queue, group)))
+    breakers.on_close.append(lambda queue, group, task: closed.append((queue, group)))
     breakers.succeeded("shop.charge", "h1", lambda: ctx("h1"))
     assert [fields["state"] for _, fields in dispatcher.sent] == [B.OPEN, B.HALF_OPEN, B.CLOSED]
     assert dispatcher.sent[-1][0] == BREAKER_CHANGED and dispatcher.sent[-1][1]["uuid"] == "h1"
