@@ -7,8 +7,9 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_dlq.cli.base import EXIT_USAGE, Failure, dlq, operator
-from celery_dlq.cli.options import json_option
+from celery_dlq.cli.options import json_option, why_option
 from celery_dlq.cli.output import at, cut, echo_json, n_of, print_table
+from celery_dlq.ops.audit import Actor
 
 
 def _confirm(what: str, force: bool) -> None:
@@ -46,16 +47,17 @@ def breakers(ctx: click.Context, queue: str | None, task: str | None, as_json: b
 @click.option("-Q", "--queue", help="Hold it on this queue only (default: every queue).")
 @click.option("--group", help="Only this failure group of the task (celery dlq groups); default: the whole task.")
 @click.option("--by", "who", help="Who pauses (default: your OS user@host).")
+@why_option
 @click.option("-f", "--force", is_flag=True, help="Do not ask.")
 @click.pass_context
 def pause(ctx: click.Context, task: str, queue: str | None, group: str | None, who: str | None,
-          force: bool) -> None:
+          why: str | None, force: bool) -> None:
     """Hold TASK's new deliveries (parked, not run, no attempt used) until resumed.
 
     Workers hold only tasks whose policy has breaker True or "manual".
     """
     _confirm(f"pause {task}{_where(queue, group)}", force)
-    row = operator(ctx).breakers.pause(task, queue=queue, group=group, who=who or "")
+    row = operator(ctx).breakers.pause(task, queue=queue, group=group, actor=Actor.of(who, why))
     click.echo(f"Paused {task}{_where(queue, group)} (by {row.paused_by}); workers hold it within "
                f"dlq_breaker_refresh seconds.")
 
@@ -64,9 +66,11 @@ def pause(ctx: click.Context, task: str, queue: str | None, group: str | None, w
 @click.argument("task")
 @click.option("-Q", "--queue", help="Only its breakers on this queue.")
 @click.option("--group", help="Only this failure group's breaker.")
+@why_option
 @click.option("-f", "--force", is_flag=True, help="Do not ask.")
 @click.pass_context
-def resume(ctx: click.Context, task: str, queue: str | None, group: str | None, force: bool) -> None:
+def resume(ctx: click.Context, task: str, queue: str | None, group: str | None, why: str | None,
+           force: bool) -> None:
     """Close TASK's open or paused breakers and release what they held, at a rising pace."""
     controls = operator(ctx).breakers
     found = controls.matching(task, queue=queue, group=group)
@@ -74,5 +78,5 @@ def resume(ctx: click.Context, task: str, queue: str | None, group: str | None, 
         raise Failure(f"nothing matched: no open or paused breaker of {task}{_where(queue, group)}")
     held = sum(row.held for row in found)
     _confirm(f"close {n_of(len(found), 'breaker')} of {task} and release {n_of(held, 'held delivery')}", force)
-    closed, released = controls.resume(task, queue=queue, group=group)
+    closed, released = controls.resume(task, queue=queue, group=group, actor=Actor.of(why=why))
     click.echo(f"Closed {n_of(closed, 'breaker')}; {n_of(released, 'held delivery')} released at a rising pace.")

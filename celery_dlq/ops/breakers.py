@@ -8,11 +8,10 @@ closes it and releases what it held at the rising pace of the task's policy
 """
 from __future__ import annotations
 
-import getpass
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from celery_dlq.ops.audit import Actor, Audit
 from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breakers import Breakers
 
@@ -21,15 +20,6 @@ if TYPE_CHECKING:
 
 #: A breaker's states: closed, open (deliveries held; a pause too), half_open (one delivery probing).
 BREAKER_STATES = B.STATES
-
-
-def os_user() -> str:
-    """Who runs this command: ``user@host``, as a CLI pause records it."""
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True)
@@ -73,12 +63,15 @@ class BreakerControls:
                 rows.append(BreakerRow.of(s, self.store.held_count(s.queue, s.group)))
         return rows
 
-    def pause(self, task: str, *, queue: str | None = None, group: str | None = None, who: str = "") -> BreakerRow:
-        """Hold ``task`` (or one failure ``group`` of it) on ``queue`` (None: every queue) until resumed."""
+    def pause(self, task: str, *, queue: str | None = None, group: str | None = None,
+              actor: Actor | None = None) -> BreakerRow:
+        """Hold ``task`` (or one failure ``group`` of it) on ``queue`` (None: every queue) until resumed; audited."""
         if not task:
             raise ValueError("pause needs a task name")
-        change = self.store.pause(queue or B.ANY_QUEUE, task, group or B.whole_task(task), who or os_user())
+        actor = actor or Actor.of()
+        change = self.store.pause(queue or B.ANY_QUEUE, task, group or B.whole_task(task), actor.who)
         assert change.after is not None
+        Audit(self.backend).record("pause", actor, task=task, queue=queue, group=group)
         return BreakerRow.of(change.after, 0)
 
     def matching(self, task: str, *, queue: str | None = None, group: str | None = None) -> list[BreakerRow]:
@@ -86,8 +79,10 @@ class BreakerControls:
         return [row for row in self.rows(task) if row.state != B.CLOSED
                 and (queue is None or row.queue == queue) and (group is None or row.group == group)]
 
-    def resume(self, task: str, *, queue: str | None = None, group: str | None = None) -> tuple[int, int]:
-        """Close every breaker of ``task`` that holds it (on ``queue``, of ``group``); returns (closed, released)."""
+    def resume(self, task: str, *, queue: str | None = None, group: str | None = None,
+               actor: Actor | None = None) -> tuple[int, int]:
+        """Close every breaker of ``task`` that holds it (on ``queue``, of ``group``); returns (closed, released).
+        Audited."""
         closed = released = 0
         for row in self.matching(task, queue=queue, group=group):
             change = self.store.resume(row.queue, row.group)
@@ -97,4 +92,6 @@ class BreakerControls:
             policy = self.backend.settings.policy_for(task, None if row.queue == B.ANY_QUEUE else row.queue)
             released += self.store.release(self.backend.sharded, row.queue, row.group,
                                            policy.breaker_release_rate, policy.breaker_max_release_rate)
+        Audit(self.backend).record("resume", actor or Actor.of(), task=task, queue=queue, group=group,
+                                   counts={"closed": closed, "released": released})
         return closed, released

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from celery_dlq.ops.audit import Actor
 from celery_dlq.web.actions import posted
 from celery_dlq.web.render import render
 from celery_dlq.web.roles import require
@@ -54,12 +55,13 @@ async def act(request: Request) -> Response:
     form = await posted(request, str(request.path_params["verb"]))
     verb, task, queue, group = _target({**form, "verb": request.path_params["verb"]})
     controls = request.app.state.op.breakers
+    actor = Actor(f"{request.state.user} (dashboard)", str(form.get("why") or "").strip())
     if verb == "pause":
-        user = f"{request.state.user} (dashboard)"
-        await run_in_threadpool(lambda: controls.pause(task, queue=queue, group=group, who=user))
+        await run_in_threadpool(lambda: controls.pause(task, queue=queue, group=group, actor=actor))
         done = f"Paused {task}: workers hold its new deliveries."
     else:
-        closed, released = await run_in_threadpool(lambda: controls.resume(task, queue=queue, group=group))
+        closed, released = await run_in_threadpool(lambda: controls.resume(task, queue=queue, group=group,
+                                                                           actor=actor))
         done = f"Closed {closed} breaker(s) of {task}; {released} held deliveries released at a rising pace."
     logger.info("celery-dlq web: %s %s (queue %s, group %s) by %s", verb, task, queue, group, request.state.user)
     return render(request, "breakers.html", rows=controls.rows(), confirm=None, done=done)

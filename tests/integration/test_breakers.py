@@ -70,6 +70,8 @@ def test_pause_and_resume_a_task_from_the_cli(harness):
     assert paused.returncode == 0, paused.stderr
     (row,) = h.dlq_json("breakers")
     assert (row["task"], row["queue"], row["state"], row["paused_by"]) == ("proj.noop", h.queue, "open", "alice")
+    [audited] = [r for r in h.dlq_json("audit") if r["action"] == "pause"]
+    assert (audited["who"], audited["task"], audited["queue"]) == ("alice", "proj.noop", h.queue)
 
     ids = [h.send("proj.noop", args=(i,)).id for i in range(3)]
     other = h.send("proj.flaky", args=(0,)).id
@@ -83,6 +85,8 @@ def test_pause_and_resume_a_task_from_the_cli(harness):
     h.wait_until(lambda: all(h.deliveries(t) for t in ids), message="the held deliveries run")
     assert [[r["delivery"] for r in h.deliveries(t)] for t in ids] == [[1], [1], [1]]
     assert h.dlq_json("breakers")[0]["state"] == "closed"
+    [audited] = [r for r in h.dlq_json("audit") if r["action"] == "resume"]
+    assert audited["counts"] == {"closed": 1, "released": 3} and "@" in audited["who"]
     assert h.dlq("resume", "proj.noop", "--force").returncode == 1    # nothing left to resume
 
 

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_dlq import headers as H
 from celery_dlq.exporter import DLQCollector, scrape_operator
+from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.operator import Operator
 from celery_dlq.storage.archive import EventLog
@@ -491,8 +492,8 @@ def test_a_sharded_store_is_scraped_as_one(any_redis, unique):
 
 def test_each_breaker_reports_one_sample_per_state(setup):
     s = setup
-    s.op.breakers.pause("shop.charge", queue=s.queue, who="alice")
-    s.op.breakers.pause("shop.refund", queue=s.queue, who="bob")
+    s.op.breakers.pause("shop.charge", queue=s.queue, actor=Actor("alice"))
+    s.op.breakers.pause("shop.refund", queue=s.queue, actor=Actor("bob"))
     s.op.breakers.resume("shop.refund")
     got = scrape(s.collector)
     states = {(dict(labels)["task"], dict(labels)["state"]): value for (name, labels), value in got.items()
