@@ -20,6 +20,7 @@ from celery_dlq.ops.backend import QUARANTINE, Backend, quarantined_queue
 from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.queue import DeadLetterQueue
+from celery_dlq.ops.workflows import describe
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import totals, trends
@@ -171,17 +172,16 @@ class Operator(Backend):
         return totals.read(self.client, self.sharded.shards.all)
 
     def details(self, letter: DeadLetter) -> dict:
-        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.
+        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger and the result
+        backend know (:func:`celery_dlq.ops.workflows.describe`).
 
         ``workflow["chord"]`` gains ``state`` (``waiting``: the chord waits for
         this letter's replay; ``failed``, ``continued``: settled by its rule;
-        None: never held) and ``waiting`` (the chord's members in DLQs).
+        None: never held), ``waiting`` (the chord's members in DLQs), ``size``
+        and ``done``; ``workflow["chain"]`` gains ``step``, ``steps`` and ``exact``.
         """
         out = letter.as_dict()
-        chord = (out.get("workflow") or {}).get("chord")
-        if chord is not None and letter.task_id:
-            chord["state"] = self.chords.state(letter.task_id)
-            chord["waiting"] = self.chords.waiting(chord["group"]) if chord.get("group") else 0
+        describe(out.get("workflow"), letter.headers, self.chords, self.app.backend, letter.task_id)
         return out
 
 

@@ -109,7 +109,7 @@ def test_every_row_of_the_issue_table_under_each_rule(harness, backend):
     # Dead-lettered: the chain's middle, the chord's member, the linked task; each chord held by its rule.
     h.wait_until(lambda: len(h.dead_letters()) == 3 * len(RULES), timeout=60, message="nine letters")
     for rows in every:
-        h.wait_until(lambda: member_state(h, rows.chord_dead_member) == HELD[rows.rule],
+        h.wait_until(lambda r=rows: member_state(h, r.chord_dead_member) == HELD[r.rule],
                      message=f"the member held by rule {rows.rule}")
         assert len(h.deliveries(rows.linked.id)) == 3 and len(h.deliveries(rows.chord_dead_member)) == 3
     h.wait_until(lambda: errbacks(h) == expected_errbacks(every), message="the errbacks")
@@ -130,11 +130,11 @@ def test_every_row_of_the_issue_table_under_each_rule(harness, backend):
     for rows in every:
         assert rows.chain_dead.get(timeout=60) == 12          # the chain went on from its replayed middle
         linked = h.app.AsyncResult(rows.linked.id)    # its stored FAILURE turns SUCCESS with the replay
-        h.wait_until(lambda: linked.state == "SUCCESS", message="the linked task's replay")
+        h.wait_until(lambda r=linked: r.state == "SUCCESS", message="the linked task's replay")
         assert linked.result == 7
     assert by_rule["wait"].chord_dead.get(timeout=60) == 106
     for rows in every:
-        h.wait_until(lambda: len(h.deliveries(rows.chord_dead_member)) == 4, message="the member's replay")
+        h.wait_until(lambda r=rows: len(h.deliveries(r.chord_dead_member)) == 4, message="the member's replay")
     h.wait_until(lambda: member_state(h, by_rule["wait"].chord_dead_member) == "released", message="released")
     h.after_a_mover_pass()
 
