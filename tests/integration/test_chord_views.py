@@ -1,10 +1,11 @@
 """Operators see the workflow (docs/workflows.md#operators): ``celery dlq show``, ``--json`` and the dashboard.
 
 A chord of three ``proj.noop`` and one ``proj.fixed_by_flag`` (dead-lettered,
-its chord waiting) and a chain ``noop, fixed_by_flag, tsum`` (its middle
+its chord waiting) and a chain ``noop, fixed_by_flag, noop`` (its middle
 dead-lettered), on each result backend: the chord's size and how many of its
 members are done come from the backend (Redis: its chord keys; SQLite: the
 parked ``chord_unlock``), the chain step's number from its parents' results.
+Then their failure group is replayed, which resumes both workflows.
 """
 from __future__ import annotations
 
@@ -33,14 +34,14 @@ def dashboard(h) -> TestClient:
     return client
 
 
-def test_show_and_the_dashboard_place_a_letter_in_its_chord_and_its_chain(views):
+def test_show_and_the_dashboard_place_a_letter_in_its_workflow_and_a_group_replay_resumes_it(views):
     h = views
     h.worker()
-    _, member = apply_chord(h)
+    chord_result, member = apply_chord(h)
     dead_lettered(h, member, "waiting")
     group = h.redis.hget(Keys(h.prefix).chord_member(member), "group").decode()
     sig = h.app.signature
-    chain(sig("proj.noop", args=(5,)), sig("proj.fixed_by_flag"), sig("proj.tsum")).apply_async()
+    chain_result = chain(sig("proj.noop", args=(5,)), sig("proj.fixed_by_flag"), sig("proj.noop")).apply_async()
     h.wait_until(lambda: len(h.dead_letters()) == 2, message="the chain's middle dead-lettered")
     step = next(letter["headers"]["id"] for letter in h.dead_letters() if letter["headers"]["id"] != member)
     if h.backend.startswith("db+"):   # the size is the parked chord_unlock's header
@@ -53,10 +54,10 @@ def test_show_and_the_dashboard_place_a_letter_in_its_chord_and_its_chain(views)
     assert chord["state"] == "waiting" and chord["waiting"] == 1
     assert chord["group"] == group
     [chain_letter] = h.dlq_json("show", step, conf=conf)
-    assert chain_letter["workflow"] == {"chain": {"remaining": 1, "next": "proj.tsum", "step": 2, "steps": 3,
+    assert chain_letter["workflow"] == {"chain": {"remaining": 1, "next": "proj.noop", "step": 2, "steps": 3,
                                                   "exact": True}}
     chord_line = f"member 4 of 4 of chord {group}; 3 done; body proj.tsum"
-    chain_line = "step 2 of 3 of a chain; next proj.tsum"
+    chain_line = "step 2 of 3 of a chain; next proj.noop"
     assert chord_line in h.dlq("show", member, conf=conf).stdout.replace("\n", " ")
     assert chain_line in h.dlq("show", step, conf=conf).stdout
 
@@ -68,3 +69,12 @@ def test_show_and_the_dashboard_place_a_letter_in_its_chord_and_its_chain(views)
     assert "chords held open" in groups
     assert f'data-chords-waiting="{chord_letter["group"]}">1<' in groups
     assert member_state(h, member) == "waiting"
+
+    # Replaying the failure group (both letters: one failure) resumes both workflows.
+    assert chord_letter["group"] == chain_letter["group"]
+    h.redis.delete(f"{h.prefix}:broken")
+    done = h.dlq("replay", f"DLQ.{h.queue}", "--group", chord_letter["group"], conf=conf)
+    assert done.returncode == 0, done.stderr
+    assert chord_result.get(timeout=30) == 0 + 1 + 2 + 1
+    assert chain_result.get(timeout=30) == 1
+    assert h.dead_letters() == []
