@@ -11,9 +11,12 @@ installs worker bootsteps, so a CLI process is not a worker.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from celery.exceptions import ImproperlyConfigured
 
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops.backend import QUARANTINE, Backend, quarantined_queue
@@ -25,6 +28,8 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import totals, trends
 from celery_dlq.storage.client import broker_url, open_client
+
+logger = logging.getLogger(__name__)
 
 #: The trend series (``Operator.trends``), in the order pages show them.
 TREND_KINDS = trends.KINDS
@@ -181,7 +186,13 @@ class Operator(Backend):
         and ``done``; ``workflow["chain"]`` gains ``step``, ``steps`` and ``exact``.
         """
         out = letter.as_dict()
-        describe(out.get("workflow"), letter.headers, self.chords, self.app.backend, letter.task_id)
+        if out.get("workflow"):
+            try:
+                backend = self.app.backend
+            except (ImproperlyConfigured, ImportError) as exc:   # a result_backend this process cannot build
+                logger.warning("celery-dlq: no result backend for the workflow of %s: %s", letter.task_id, exc)
+                backend = None
+            describe(out["workflow"], letter.headers, self.chords, backend, letter.task_id)
         return out
 
 

@@ -12,10 +12,13 @@ of its chain (:func:`celery_dlq.workflow.membership`). This adds, cheaply:
   ``parent_id`` in the result backend (one read per step before it, at most
   :data:`HOPS_AT_MOST`); ``exact`` False when a parent's result was gone.
 
-Nothing is added without a result backend; nothing here writes.
+Nothing is added without a result backend, or when it cannot be read (a
+warning says why: ``show`` must work while the result backend is down);
+nothing here writes.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import states
@@ -23,6 +26,8 @@ from celery.backends.base import DisabledBackend
 
 from celery_dlq.internals.celery_backend import chord_progress
 from celery_dlq.storage.chords import ChordLedger, uses_chord_unlock
+
+logger = logging.getLogger(__name__)
 
 #: The most header results whose states are read to count a polled chord's done members.
 COUNT_AT_MOST = 200
@@ -40,11 +45,16 @@ def describe(workflow: dict | None, headers: dict, ledger: ChordLedger, backend:
         chord["waiting"] = ledger.waiting(chord["group"]) if chord.get("group") else 0
     if backend is None or isinstance(backend, DisabledBackend):
         return
-    if chord is not None and chord.get("group"):
-        chord["size"], chord["done"] = _progress(ledger, backend, chord["group"])
     chain = workflow.get("chain")
+    try:
+        progress = _progress(ledger, backend, chord["group"]) if chord and chord.get("group") else None
+        before, exact = steps_before(backend, headers.get("parent_id")) if chain is not None else (0, True)
+    except Exception as exc:  # any backend's connection errors (redis, SQLAlchemy, ...): say less, not nothing
+        logger.warning("celery-dlq: the result backend could not be read for %s's workflow: %r", task_id, exc)
+        return
+    if chord is not None and progress is not None:
+        chord["size"], chord["done"] = progress
     if chain is not None:
-        before, exact = steps_before(backend, headers.get("parent_id"))
         chain.update(step=before + 1, steps=before + 1 + chain["remaining"], exact=exact)
 
 

@@ -68,3 +68,14 @@ def test_without_a_result_backend_only_the_ledger_is_read(backend):
     describe(workflow, {"parent_id": "a"}, ledger, None if backend is None else app.backend, "m")
     assert workflow == {"chord": {"group": "g", "member": 1, "body": "tsum", "state": None, "waiting": 0},
                         "chain": {"remaining": 1, "next": "x"}}
+
+
+def test_a_result_backend_that_cannot_be_read_leaves_the_letters_own_workflow(caplog):
+    class Down(Results):
+        def get_task_meta(self, task_id):
+            raise ConnectionError("backend down")
+
+    workflow = {"chain": {"remaining": 1, "next": "x"}}
+    describe(workflow, {"parent_id": "a"}, ChordLedger(fakeredis.FakeRedis(), Keys("p")), Down({}), "m")
+    assert workflow == {"chain": {"remaining": 1, "next": "x"}}
+    assert "backend down" in caplog.text
