@@ -106,18 +106,36 @@ _STATES = {
 
 
 def summary(info: Mapping[str, Any] | None) -> str:
-    """One line for ``celery dlq show``: "member 4 of chord 66d7...; body tsum" / "chain: next record (2 left)"."""
+    """One line for ``celery dlq show`` and the dashboard.
+
+    "member 4 of 4 of chord 66d7...; 3 done; body tsum; the chord waits ..." /
+    "step 2 of 3 of a chain; next record". The chord's size and what is done,
+    and the chain step's number, are there when the result backend told them
+    (:mod:`celery_dlq.ops.workflows`).
+    """
     if not info:
         return ""
     parts = []
     chord = info.get("chord")
     if chord:
-        member = f"member {chord['member']} of " if chord.get("member") else "member of "
-        parts.append(f"{member}chord {chord.get('group')}; body {chord.get('body')}")
+        member = f"member {chord['member']} " if chord.get("member") else "member "
+        size = f"of {chord['size']} " if chord.get("size") else ""
+        parts.append(f"{member}{size}of chord {chord.get('group')}")
+        if chord.get("done") is not None:
+            parts.append(f"{chord['done']} done")
+        parts.append(f"body {chord.get('body')}")
         state = _STATES.get(chord.get("state") or "")
         if state:
             parts.append(state.format(waiting=chord.get("waiting", 0)))
     chain = info.get("chain")
     if chain:
-        parts.append(f"chain: next {chain['next']} ({chain['remaining']} step(s) left)")
+        parts.append(_chain_line(chain))
     return "; ".join(parts)
+
+
+def _chain_line(chain: Mapping[str, Any]) -> str:
+    step = chain.get("step")
+    if not step:
+        return f"chain: next {chain['next']} ({chain['remaining']} step(s) left)"
+    at_least = "" if chain.get("exact", True) else "at least "
+    return f"step {at_least}{step} of {at_least}{step + chain['remaining']} of a chain; next {chain['next']}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run a subset of Celery's own integration suite twice: plain, and with every task a ``RedeliveryTask``.
 
-    python scripts/celery_suite.py [--tests t/integration/test_tasks.py ...] [-k EXPR] [--workdir DIR]
+    python scripts/celery_suite.py [--suite tasks|canvas] [--tests t/integration/test_tasks.py ...] [-k EXPR]
+                                   [--workdir DIR]
 
 Downloads the sdist of the Celery version installed here (the suite ships in
 it, under ``t/integration``), makes a virtualenv in the work directory with
@@ -10,12 +11,19 @@ own on a free port (broker and result backend), then runs the chosen tests in
 two copies of the tree: as shipped, and with a ``celery_parameters`` fixture
 that makes ``celery_dlq:RedeliveryTask`` the app's task class (every
 ``@shared_task`` then is one, and ``install()`` runs when they bind). Prints
-each side's counts and every test whose outcome differs. Not part of
-``scripts/test.sh``: the whole subset takes tens of minutes.
+each side's counts and every test whose outcome differs, and writes them
+with the run's date and commit to ``<workdir>/<suite>-summary.json``
+(docs/celery-suite.md). ``--suite canvas`` runs ``t/integration/test_canvas.py``
+without the suite's reruns of flaky tests (``-p no:rerunfailures``, both
+sides): under the default chord rule ``wait`` a chord whose member fails for
+good stays open, and each rerun would wait out the test's timeout again.
+Not part of ``scripts/test.sh``: each suite takes tens of minutes.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import shutil
 import socket
 import subprocess
@@ -26,7 +34,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TESTS = ["t/integration/test_tasks.py", "t/integration/test_inspect.py"]
+SUITES = {"tasks": ["t/integration/test_tasks.py", "t/integration/test_inspect.py"],
+          "canvas": ["t/integration/test_canvas.py"]}
+#: pytest options a suite adds on both sides.
+SUITE_OPTIONS = {"tasks": [], "canvas": ["-p", "no:rerunfailures"]}
 SUITE_NEEDS = ["pydantic", "pytest", "pytest-timeout", "pytest-rerunfailures", "redis"]
 SHIM = '''
 
@@ -93,31 +104,37 @@ def outcomes(junit: Path) -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tests", nargs="+", default=DEFAULT_TESTS)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="tasks")
+    parser.add_argument("--tests", nargs="+", default=None, help="instead of the suite's files")
     parser.add_argument("-k", dest="keyword", default=None)
     parser.add_argument("--workdir", type=Path, default=ROOT / ".celery-suite")
     args = parser.parse_args()
+    tests = args.tests or SUITES[args.suite]
     python, plain, dlq = prepare(args.workdir)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     port = free_port()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                "--appendonly", "no"], stdout=subprocess.DEVNULL)
     time.sleep(0.5)
-    results = {}
+    results, counts = {}, {}
     try:
         for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
             subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
-            junit = args.workdir / f"{tree.name}.xml"
+            junit = args.workdir / f"{args.suite}-{tree.name}.xml"
             env = {"TEST_BROKER": f"redis://127.0.0.1:{port}/0", "TEST_BACKEND": f"redis://127.0.0.1:{port}/1",
                    "PATH": "/usr/bin:/bin:/usr/local/bin"}
             cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "celery.contrib.pytest",
-                   "-W", "ignore", f"--junitxml={junit}", "--timeout=120", *args.tests]
+                   "-W", "ignore", f"--junitxml={junit}", "--timeout=120", *SUITE_OPTIONS[args.suite], *tests]
             if args.keyword:
                 cmd += ["-k", args.keyword]
             started = time.monotonic()
             subprocess.run(cmd, cwd=tree, env=env)
             results[name] = outcomes(junit)
-            counts = {k: sum(v == k for v in results[name].values()) for k in ("passed", "failed", "skipped")}
-            print(f"{name}: {counts} in {time.monotonic() - started:.0f} s", flush=True)
+            counts[name] = {k: sum(v == k for v in results[name].values()) for k in ("passed", "failed", "skipped")}
+            counts[name]["seconds"] = round(time.monotonic() - started)
+            print(f"{name}: {counts[name]}", flush=True)
     finally:
         server.terminate()
     plain_r, dlq_r = results["plain"], results["RedeliveryTask"]
@@ -125,6 +142,9 @@ def main() -> int:
     print(f"\n{len(differ)} test(s) differ:")
     for test in differ:
         print(f"  {test}: plain {plain_r.get(test)}, RedeliveryTask {dlq_r.get(test)}")
+    summary = {"suite": args.suite, "tests": tests, "date": date, "commit": commit, "celery": celery_version(),
+               "counts": counts, "differ": {t: [plain_r.get(t), dlq_r.get(t)] for t in differ}}
+    (args.workdir / f"{args.suite}-summary.json").write_text(json.dumps(summary, indent=1))
     return 0
 
 

@@ -54,3 +54,25 @@ def keep_chord_keys(backend: Any, group_id: str) -> None:
         for key in keys:
             pipe.persist(key)
         pipe.execute()
+
+
+def chord_progress(backend: Any, group_id: str) -> tuple[int | None, int | None]:
+    """``(size, done)`` of a chord on the Redis result backend; ``(None, None)`` elsewhere or once it moved on.
+
+    The size is Celery's ``.s`` (plus ``.t``, what replaced members added),
+    done is how many parts ``.j`` holds (a sorted set when
+    ``result_chord_ordered``, else a list): three reads, whatever the chord's size.
+    """
+    keys = chord_keys(backend, group_id)
+    if not keys:
+        return None, None
+    _, joined, diff, size, _ = keys
+    pipe = backend.client.pipeline(transaction=False)
+    pipe.type(joined).get(diff).get(size)
+    kind, added, total = pipe.execute()
+    if total is None:
+        return None, None
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    done = (backend.client.zcard(joined) if kind == "zset" else backend.client.llen(joined) if kind == "list"
+            else 0)
+    return int(total) + int(added or 0), int(done)

@@ -11,9 +11,12 @@ installs worker bootsteps, so a CLI process is not a worker.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from celery.exceptions import ImproperlyConfigured
 
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops.backend import QUARANTINE, Backend, quarantined_queue
@@ -21,10 +24,13 @@ from celery_dlq.ops.breakers import BreakerControls
 from celery_dlq.ops.groups import GroupReport, read_groups
 from celery_dlq.ops.letters import DeadLetter
 from celery_dlq.ops.queue import DeadLetterQueue
+from celery_dlq.ops.workflows import describe
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import totals, trends
 from celery_dlq.storage.client import broker_url, open_client
+
+logger = logging.getLogger(__name__)
 
 #: The trend series (``Operator.trends``), in the order pages show them.
 TREND_KINDS = trends.KINDS
@@ -177,17 +183,22 @@ class Operator(Backend):
         return totals.read(self.client, self.sharded.shards.all)
 
     def details(self, letter: DeadLetter) -> dict:
-        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger knows.
+        """A letter's :meth:`~DeadLetter.as_dict`, its workflow with what the chord ledger and the result
+        backend know (:func:`celery_dlq.ops.workflows.describe`).
 
         ``workflow["chord"]`` gains ``state`` (``waiting``: the chord waits for
         this letter's replay; ``failed``, ``continued``: settled by its rule;
-        None: never held) and ``waiting`` (the chord's members in DLQs).
+        None: never held), ``waiting`` (the chord's members in DLQs), ``size``
+        and ``done``; ``workflow["chain"]`` gains ``step``, ``steps`` and ``exact``.
         """
         out = letter.as_dict()
-        chord = (out.get("workflow") or {}).get("chord")
-        if chord is not None and letter.task_id:
-            chord["state"] = self.chords.state(letter.task_id)
-            chord["waiting"] = self.chords.waiting(chord["group"]) if chord.get("group") else 0
+        if out.get("workflow"):
+            try:
+                backend = self.app.backend
+            except (ImproperlyConfigured, ImportError) as exc:   # a result_backend this process cannot build
+                logger.warning("celery-dlq: no result backend for the workflow of %s: %s", letter.task_id, exc)
+                backend = None
+            describe(out["workflow"], letter.headers, self.chords, backend, letter.task_id)
         return out
 
 

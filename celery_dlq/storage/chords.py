@@ -201,6 +201,11 @@ class ChordLedger:
                                      [self.keys.chord_waiting(group), self.keys.chord_unlock(group)],
                                      [json.dumps(call)]))
 
+    def parked_unlock(self, group: str) -> dict[str, Any] | None:
+        """The chord's parked ``chord_unlock`` call (its ``kwargs["result"]``: the header's results); None if none."""
+        raw = self.client.get(self.keys.chord_unlock(group))
+        return json.loads(raw) if raw else None
+
     def state(self, task_id: str) -> str | None:
         """The member's state, or None when it was never held."""
         value = self.client.hget(self.keys.chord_member(task_id), "state")

@@ -21,6 +21,7 @@ from celery_dlq.web.charts import histogram, sparkline, trend_sections
 from celery_dlq.web.query import PAGE_SIZES, Query
 from celery_dlq.web.render import href, render
 from celery_dlq.web.users import TOKEN_USER
+from celery_dlq.workflow import summary as workflow_summary
 
 #: Parked retries listed per page.
 PARKED_LIMIT = 200
@@ -88,7 +89,8 @@ def dlq_page(request: Request) -> Response:
 
 
 def letter_page(request: Request) -> Response:
-    """Every ``x-dlq-*`` header, the arguments (decoded only within ``accept_content``), the traceback."""
+    """Every ``x-dlq-*`` header, the workflow it belongs to, the arguments (decoded only within
+    ``accept_content``), the traceback."""
     op = request.app.state.op
     dead = op.queue(request.path_params["name"])
     task_id = request.path_params["task_id"]
@@ -101,7 +103,8 @@ def letter_page(request: Request) -> Response:
     if letter is None:
         raise HTTPException(404, f"no dead letter of task {task_id} in {dead.name}: "
                                  "it was replayed or purged (perhaps by someone else)")
-    return render(request, "letter.html", dead=dead, letter=letter, d=letter.as_dict(),
+    d = op.details(letter)
+    return render(request, "letter.html", dead=dead, letter=letter, d=d, workflow=workflow_summary(d["workflow"]),
                   traceback=letter.header(H.TRACEBACK) or "")
 
 

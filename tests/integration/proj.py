@@ -375,3 +375,31 @@ def snoozes(self, times=1, seconds=0.1):
     if snoozed < times:
         self.snooze(seconds)
     return snoozed
+
+
+# -- the issue's table (tests/integration/test_chord_table.py): delay 0.2 s, 3 attempts ----------
+
+_TABLE_POLICY = {"redelivery_delay": 0.2, "max_delivery_attempts": 3}
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.add")
+def add(self, x, y):
+    record(self)
+    return x + y
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.flaky_echo", redelivery_policy=_TABLE_POLICY)
+def flaky_echo(self, value):
+    """Fails its first two deliveries, then returns ``value`` (the issue's ``flaky``)."""
+    if record(self) <= 2:
+        raise ConnectionError(f"flaky failure ({value})")
+    return value
+
+
+@app.task(bind=True, base=RedeliveryTask, name="proj.broken_echo", redelivery_policy=_TABLE_POLICY)
+def broken_echo(self, value):
+    """Fails while ``<prefix>:broken`` exists (three deliveries, then dead-lettered); then returns ``value``."""
+    record(self)
+    if client().exists(f"{PREFIX}:broken"):
+        raise RuntimeError(f"bug not fixed yet ({value})")
+    return value
