@@ -366,6 +366,19 @@ def gateway_redrive(self, n=0):
     return n
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.gateway_flaps",
+          redelivery_policy={"max_delivery_attempts": 1, "breaker": True, "breaker_min_failures": 6,
+                             "breaker_cooldown": 1.0, "breaker_max_cooldown": 2.0, "auto_redrive": True,
+                             "breaker_release_rate": 1.0, "breaker_max_release_rate": 2.0})
+def gateway_flaps(self, n=0):
+    """:func:`gateway` dead-lettered at its first failure, redriven at 1/s when its breaker closes."""
+    down = bool(client().exists(f"{PREFIX}:gateway_down"))
+    record(self, ok=not down)
+    if down:
+        raise ConnectionError(f"gateway down (order {n})")
+    return n
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.snoozes",
           redelivery_policy={"max_delivery_attempts": 2, "max_snoozes": 3})
 def snoozes(self, times=1, seconds=0.1):

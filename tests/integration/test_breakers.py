@@ -158,3 +158,33 @@ def test_a_closed_breaker_redrives_its_group_at_a_rising_velocity_exactly_once(h
     assert first[-1] - first[0] >= 2.5, replayed
     assert last[-1] - last[0] <= (first[-1] - first[0]) * 0.75, replayed
     assert job["rate"] >= 4.0, job
+
+
+def test_an_automatic_redrive_stops_when_the_failures_return(harness):
+    """6 letters open the breaker; a probe closes it; the redrive replays at 1/s; after its first success the
+    outage returns and 8 new failures open the breaker again: the job stops, the rest stay dead letters."""
+    h = harness
+    h.redis.set(f"{h.prefix}:gateway_down", 1)
+    h.worker(concurrency=2, DLQ_TEST_CONF=json.dumps({"dlq_jobs_poll": 0.2, "dlq_breaker_refresh": 0.2}))
+    first = [h.send("proj.gateway_flaps", args=(i,)).id for i in range(6)]
+    h.wait_until(lambda: len(h.dead_letters()) == 6, timeout=30, message="6 dead letters")
+    h.wait_until(lambda: [b["state"] for b in breakers(h)] == ["open"], message="the breaker opens")
+    h.redis.delete(f"{h.prefix}:gateway_down")
+    probe = h.send("proj.gateway_flaps", args=(99,)).id
+    h.wait_until(lambda: ran_ok(h, probe), timeout=30, message="the probe succeeds")
+    h.wait_until(lambda: any(ran_ok(h, t) for t in first), timeout=30, message="the redrive's first success")
+    h.redis.set(f"{h.prefix}:gateway_down", 1)                  # the outage is back
+    for i in range(8):
+        h.send("proj.gateway_flaps", args=(100 + i,))
+    h.wait_until(lambda: h.dlq_json("jobs")[0]["state"] == "stopped", timeout=30, message="the redrive stops")
+
+    (job,) = h.dlq_json("jobs")
+    assert "breaker" in job["reason"] and job["who"].startswith("breaker "), job
+    assert [b["state"] for b in breakers(h)] == ["open"]
+    h.after_a_mover_pass()
+    replayed = [t for t in first if len(h.deliveries(t)) > 1]
+    assert 1 <= len(replayed) < 6 and job["done"] == len(replayed), (replayed, job)
+    for t in first:   # the failed delivery, then at most one replay
+        assert len(h.deliveries(t)) <= 2, h.deliveries(t)
+    left = {letter["headers"]["id"] for letter in h.dead_letters()}
+    assert set(first) - set(replayed) <= left   # the rest wait in the DLQ for the next close
