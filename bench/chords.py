@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 from celery import Celery, chord  # noqa: E402
 
-from bench.common import ROOT, RedisServer, machine, parser, redis_server_version, wait_until  # noqa: E402
+from bench.common import ROOT, RedisServer, machine, parser, redis_server_version, stop_process, wait_until  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
 
 DEAD = 10
@@ -109,13 +109,7 @@ def one_run(url: str, members: int, window: float, backend_kind: str, run: int) 
         return {"idle": idle, "waiting": waiting, "from_start": t2 - t0, "from_end": t2 - t1,
                 "replay": t1 - t0}
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.unlink(missing_ok=True)
 
 

@@ -125,13 +125,7 @@ class BenchWorker:
         return main, children
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: only what it started
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
         self.log_path.unlink(missing_ok=True)
 
@@ -158,6 +152,17 @@ class Stage:
         t0 = time.monotonic()
         self.client.rename(self.aside, self.queue)
         return t0
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a worker started in its own session; SIGKILL its session after ``timeout``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
+            proc.wait()
 
 
 def process_cpu(pid: int) -> float:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RedisServer, machine, median, parser, pct, print_table, process_cpu  # noqa: E402
+from bench.common import RedisServer, machine, median, parser, pct, print_table, process_cpu, stop_process  # noqa: E402
 
 SIDES = ("quiet", "dlq_breaker", "dlq", "celery", "dramatiq")
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,13 +149,7 @@ def one_side(server: RedisServer, side: str, n_failing: int, n_healthy: int, out
                 "lost": failing - ok, "dup": runs - ok, "attempts": int(client.get(f"{prefix}:attempts") or 0),
                 "healthy_seen": len(lat)}
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
+        stop_process(proc)
         client.close()
 
 
