@@ -9,6 +9,7 @@ import json
 import pytest
 
 from celery_dlq.storage.keys import Keys, Stat
+from celery_dlq.storage.totals import Metric, field
 from tests.integration.test_exporter import RULES, ExporterProcess, Prometheus, dlq_cli, needs, ops_env, wait_for
 from tests.unit.test_grafana_dashboard import filled, targets
 
@@ -19,19 +20,27 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
     needs("prometheus")
     q = harness.queue
     harness.extra_env["DLQ_TEST_CONF"] = json.dumps({
-        "dlq_task_policies": {"proj.not_retryable": {"dead_letter": False}},   # dropped_total
+        "dlq_task_policies": {"proj.not_retryable": {"dead_letter": False},    # dropped_total
+                              "proj.noop": {"breaker": "manual"}},             # a paused breaker, held_total
         "dlq_queue_policies": {q: {"dead_letter_max_length": 3}},              # trimmed_total
+        "dlq_breaker_refresh": 0.2,
     })
     harness.worker()
+    env = ops_env(harness.broker, q, harness.prefix)
+    paused = dlq_cli(env, "pause", "proj.noop", "-Q", q, "--force")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    harness.send("proj.noop", args=(1,))       # held by the paused breaker
+    harness.send("proj.snoozes", kwargs={"times": 1})                         # snoozed_total
     failing = [harness.send("proj.always_fails", args=(i,)) for i in range(4)]
     harness.send("proj.park_long")
     harness.send("proj.not_retryable")
-    stats = Keys(harness.prefix).stats
+    stats, metrics = Keys(harness.prefix).stats, Keys(harness.prefix).metrics
     harness.wait_until(lambda: len(harness.dead_letters()) == 3 and harness.redis.hget(stats, Stat.TRIMMED) == b"1"
                        and harness.redis.hget(stats, Stat.DROPPED) == b"1"
-                       and harness.redis.zcard(Keys(harness.prefix).schedule) == 1,
-                       timeout=90, message="3 dead letters (1 trimmed), 1 dropped, 1 parked")
-    env = ops_env(harness.broker, q, harness.prefix)
+                       and harness.redis.zcard(Keys(harness.prefix).schedule) == 2
+                       and harness.redis.hget(metrics, field(Metric.HELD, queue=q, task="proj.noop"))
+                       and harness.redis.hget(metrics, field(Metric.SNOOZED, queue=q, task="proj.snoozes")),
+                       timeout=90, message="3 dead letters (1 trimmed), 1 dropped, 2 parked (1 held), 1 snoozed")
     left = [letter["headers"]["id"] for letter in harness.dead_letters()]
     assert set(left) < {r.id for r in failing}
     for args in (["purge", q, left[0], "--force"], ["replay", q, left[1], "--to", f"{q}.hold"]):

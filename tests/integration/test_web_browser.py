@@ -152,6 +152,7 @@ def test_operator_logs_in_filters_replays_purges_and_redelivers_in_a_browser(har
         driver.set_window_size(1280, 860)
         click(driver, driver.find_element(By.ID, "purge-one"))
         assert "delete for good 1 dead letter" in driver.find_element(By.ID, "count").text
+        driver.find_element(By.ID, "why").send_keys("a bad order, refunded by hand")   # a purge needs one
         click(driver, driver.find_element(By.ID, "confirm"))
         result = wait_for(lambda: driver.find_elements(By.ID, "result"), message="the purge's result")[0]
         assert result.get_attribute("data-done") == "1"
