@@ -31,12 +31,13 @@ class AutoRedrive:
 
     def __call__(self, queue: str, group: str, task: str) -> None:
         policy = self.config.policy(task, queue)
-        if not policy.auto_redrive or not policy.dead_letter_queue(queue):
+        dlq = policy.dead_letter_queue(queue)
+        if not policy.auto_redrive or not dlq:
             return
         actor = Actor.of(who=f"breaker {queue}/{group}", why="automatic redrive: the breaker closed")
         try:
             job = Jobs(Operator(self.app)).start_redrive(
-                policy.dead_letter_queue(queue) or queue, group, start=policy.breaker_release_rate,
+                dlq, group, start=policy.breaker_release_rate,
                 cap=policy.breaker_max_release_rate, interval=INTERVAL, actor=actor)
         except DLQBusy as exc:
             logger.warning("celery-dlq: no automatic redrive of %s/%s: %s", queue, group, exc)

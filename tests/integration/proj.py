@@ -340,17 +340,22 @@ if os.environ.get("DLQ_TEST_KILL_AFTER_SUCCESS"):   # tests/integration/test_cho
 
 # -- circuit breakers and snoozes (tests/integration/test_breakers.py) ---------------------------------
 
+def _call_gateway(task, n):
+    """The gateway tasks' one body: fails while ``<prefix>:gateway_down`` exists (the outage); each run logged."""
+    down = bool(client().exists(f"{PREFIX}:gateway_down"))
+    record(task, ok=not down)
+    if down:
+        raise ConnectionError(f"gateway down (order {n})")
+    return n
+
+
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway",
           redelivery_policy={"redelivery_delay": 0.2, "max_delivery_attempts": 10, "breaker": True,
                              "breaker_min_failures": 3, "breaker_cooldown": 4.0, "breaker_max_cooldown": 8.0,
                              "breaker_release_rate": 2.0, "breaker_max_release_rate": 20.0})
 def gateway(self, n=0):
     """Fails while the Redis key ``<prefix>:gateway_down`` exists (the outage); each run logged."""
-    down = bool(client().exists(f"{PREFIX}:gateway_down"))
-    record(self, ok=not down)
-    if down:
-        raise ConnectionError(f"gateway down (order {n})")
-    return n
+    return _call_gateway(self, n)
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway_redrive",
@@ -359,11 +364,7 @@ def gateway(self, n=0):
                              "auto_redrive": True, "breaker_release_rate": 2.0, "breaker_max_release_rate": 20.0})
 def gateway_redrive(self, n=0):
     """:func:`gateway` whose dead letters are redriven when its breaker closes; each run logged."""
-    down = bool(client().exists(f"{PREFIX}:gateway_down"))
-    record(self, ok=not down)
-    if down:
-        raise ConnectionError(f"gateway down (order {n})")
-    return n
+    return _call_gateway(self, n)
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway_flaps",
@@ -372,11 +373,7 @@ def gateway_redrive(self, n=0):
                              "breaker_release_rate": 1.0, "breaker_max_release_rate": 2.0})
 def gateway_flaps(self, n=0):
     """:func:`gateway` dead-lettered at its first failure, redriven at 1/s when its breaker closes."""
-    down = bool(client().exists(f"{PREFIX}:gateway_down"))
-    record(self, ok=not down)
-    if down:
-        raise ConnectionError(f"gateway down (order {n})")
-    return n
+    return _call_gateway(self, n)
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.snoozes",
