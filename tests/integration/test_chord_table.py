@@ -78,6 +78,11 @@ def errbacks(h) -> Counter:
     return Counter(json.loads(r)["task_id"] for r in h.redis.lrange(f"{h.prefix}:errbacks", 0, -1))
 
 
+def stored(h, task_id: str) -> dict:
+    """The backend's record of ``task_id`` now: Celery caches a FAILURE that a replay later turns SUCCESS."""
+    return h.app.backend.get_task_meta(task_id, cache=False)
+
+
 def member_state(h, task_id: str) -> str | None:
     value = h.redis.hget(Keys(h.prefix).chord_member(task_id), "state")
     return value.decode() if value else None
@@ -128,10 +133,14 @@ def test_every_row_of_the_issue_table_under_each_rule(harness, backend):
     done = h.dlq("replay", f"DLQ.{h.queue}", "--all", conf={"result_backend": h.backend})
     assert done.returncode == 0, done.stderr
     for rows in every:
-        assert rows.chain_dead.get(timeout=60) == 12          # the chain went on from its replayed middle
-        linked = h.app.AsyncResult(rows.linked.id)    # its stored FAILURE turns SUCCESS with the replay
-        h.wait_until(lambda r=linked: r.state == "SUCCESS", message="the linked task's replay")
-        assert linked.result == 7
+        # Celery stored FAILURE for the chain's tail when its middle died; the replay turns it SUCCESS.
+        h.wait_until(lambda r=rows: stored(h, r.chain_dead.id)["status"] == "SUCCESS",
+                     message="the chain's tail after the replay")
+        assert stored(h, rows.chain_dead.id)["result"] == 12   # the chain went on from its replayed middle
+        # The linked task's stored FAILURE turns SUCCESS with the replay.
+        h.wait_until(lambda r=rows: stored(h, r.linked.id)["status"] == "SUCCESS",
+                     message="the linked task's replay")
+        assert stored(h, rows.linked.id)["result"] == 7
     assert by_rule["wait"].chord_dead.get(timeout=60) == 106
     for rows in every:
         h.wait_until(lambda r=rows: len(h.deliveries(r.chord_dead_member)) == 4, message="the member's replay")
