@@ -160,7 +160,7 @@ class DlqFetcher:
         moves = self.moves.args(now) if self.took else []
         beat = self.ident if clock - self.beat_at > INFLIGHT_LEASE / 3 else ""   # as worker/inflight.py
         reply = await self.client.evalsha(self.sha, len(self.keys), *self.keys, len(self.lists), beat,
-                                          len(QUEUES), int(now * 1000), register, *QUEUES, *moves)
+                                          len(QUEUES), int(now * 1000), register, *QUEUES, "0", *moves)
         if reply and beat:
             self.beat_at = clock
         self.took = bool(reply)

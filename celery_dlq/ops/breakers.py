@@ -60,8 +60,14 @@ class BreakerControls:
         rows = []
         for s in self.store.all():
             if (task is None or s.task == task) and (queue is None or s.queue == queue):
-                rows.append(BreakerRow.of(s, self.store.held_count(s.queue, s.group)))
+                rows.append(BreakerRow.of(s, self.store.held_count(s.queue, s.group) + self._held_in_fetch(s)))
         return rows
+
+    def _held_in_fetch(self, s: B.BreakerState) -> int:
+        """What the fetch holds of the breaker's task on its queue (every queue for ``*``); 0 once closed."""
+        if s.state == B.CLOSED:
+            return 0
+        return sum(self.store.held_in_fetch(None if s.queue == B.ANY_QUEUE else s.queue, s.task).values())
 
     def pause(self, task: str, *, queue: str | None = None, group: str | None = None,
               actor: Actor | None = None) -> BreakerRow:
@@ -92,6 +98,17 @@ class BreakerControls:
             policy = self.backend.settings.policy_for(task, None if row.queue == B.ANY_QUEUE else row.queue)
             released += self.store.release(self.backend.sharded, row.queue, row.group,
                                            policy.breaker_release_rate, policy.breaker_max_release_rate)
+            released += self._release_held(row.queue, task)
         Audit(self.backend).record("resume", actor or Actor.of(), task=task, queue=queue, group=group,
                                    counts={"closed": closed, "released": released})
         return closed, released
+
+    def _release_held(self, queue: str, task: str) -> int:
+        """Push back at once what the fetch held of ``task`` on ``queue`` (``*``: every queue), onto each queue's
+        lowest-priority list: the queue's other traffic goes first."""
+        released = 0
+        for (q, t), _ in self.store.held_in_fetch(None if queue == B.ANY_QUEUE else queue, task).items():
+            target = self.backend.lists.key(q, 9)
+            while (n := self.store.release_held(q, t, target)) > 0:
+                released += n
+        return released

@@ -193,6 +193,22 @@ def hold_until(s: BreakerState, now: float, held_before: int, t: Thresholds) -> 
     return now + max(t.max_cooldown, s.probe_due - now)
 
 
+def fetch_holds_until(s: BreakerState) -> float | None:
+    """Until when the fetch itself holds the task's deliveries in Redis (``math.inf``: paused); None: it does not.
+
+    Not right after the breaker opens: its first delivery held comes to a
+    worker, which parks it until the cool-down ends (:func:`hold_until`), so
+    that a probe comes even when nothing new is published.
+    """
+    if s.state == CLOSED:
+        return None
+    if s.paused_by:
+        return math.inf
+    if s.state == HALF_OPEN or s.held > 0:
+        return s.next_probe
+    return None
+
+
 def pause(s: BreakerState, now: float, who: str) -> BreakerState:
     """Opened by hand: held until resumed, no probe."""
     opened = s if s.state == OPEN else _open(s, now, 0.0)
@@ -218,3 +234,14 @@ def release_offsets(n: int, rate: float, max_rate: float) -> list[float]:
         else:
             out.append(ramp + (i - ramped) / max_rate)
     return out
+
+
+def released_by(elapsed: float, rate: float, max_rate: float) -> float:
+    """How many held deliveries :func:`release_offsets` has released ``elapsed`` seconds after a close."""
+    if elapsed <= 0:
+        return 0.0
+    rate, max_rate = max(rate, 1e-9), max(max_rate, rate)
+    ramp = math.log2(max_rate / rate)
+    if elapsed <= ramp:
+        return rate * (2 ** elapsed - 1) / math.log(2)
+    return rate * (2 ** ramp - 1) / math.log(2) + (elapsed - ramp) * max_rate

@@ -6,15 +6,18 @@ entry in one ``MULTI`` under ``WATCH``: two workers that both see a group
 cross its threshold open it once, and one delivery wins a probe. A worker
 reads the index alone (:meth:`Breakers.index`) to know which tasks are held;
 deliveries held while a breaker is open are listed in ``Keys.breaker_held``
-and released by :meth:`Breakers.release` when it closes.
+and released by :meth:`Breakers.release` when it closes. Where the broker
+is the store, the fetch holds most of them itself (``fetch.lua``, told by
+``Keys.breaker_holds``) and :meth:`Breakers.release_held` pushes them back.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import WatchError
@@ -23,6 +26,7 @@ from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breaker_state import BreakerState, Thresholds
 from celery_dlq.storage.events import breaker_event
 from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.shards import ShardedStore
 
 logger = logging.getLogger(__name__)
@@ -31,6 +35,8 @@ SEP = "\x1f"
 #: How many held entries are read and released per round trip.
 RELEASE_BATCH = 1000
 _WATCH_TRIES = 50
+#: ``Keys.breaker_holds``'s value for "until resumed" (ms): Lua's ``tonumber`` reads no ``inf``.
+_FOREVER_MS = "9e15"
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class Breakers:
     def __init__(self, client: Any, keys: Keys, clock: Callable[[], float] = time.time,
                  archive: Any = None) -> None:
         self.client, self.keys, self.clock, self.archive = client, keys, clock, archive
+        self.scripts = Scripts(client)
 
     # -- reading ---------------------------------------------------------------
 
@@ -128,6 +135,7 @@ class Breakers:
                     pipe.multi()
                     pipe.hset(key, mapping=after.as_hash())
                     pipe.hset(self.keys.breakers, queue + SEP + group, json.dumps(Summary.of(after).__dict__))
+                    self._fetch_holds(pipe, after)
                     pipe.execute()
                 except WatchError:
                     continue
@@ -166,7 +174,18 @@ class Breakers:
         state = BreakerState.from_hash(data)
         if state is None:
             return now
+        if int(held) == 1:   # from now on the fetch holds the task's deliveries itself
+            self._fetch_holds(self.client, replace(state, held=1))
         return B.hold_until(state, now, int(held) - 1, t)
+
+    def _fetch_holds(self, client: Any, s: BreakerState) -> None:
+        """Tell ``fetch.lua`` whether, and until when, it holds ``s``'s task on its queue (``client``: a pipeline)."""
+        until = B.fetch_holds_until(s)
+        field = s.queue + SEP + s.task
+        if until is None:
+            client.hdel(self.keys.breaker_holds, field)
+        else:
+            client.hset(self.keys.breaker_holds, field, _FOREVER_MS if until == math.inf else str(int(until * 1000)))
 
     def pause(self, queue: str, task: str, group: str, who: str) -> Change:
         now = self.clock()
@@ -177,10 +196,40 @@ class Breakers:
         now = self.clock()
         return self.apply(queue, group, lambda s: B.close(s, now) if s.state != B.CLOSED else None)
 
+    def held_in_fetch(self, queue: str | None = None, task: str | None = None) -> dict[tuple[str, str], int]:
+        """How many deliveries the fetch holds, per (queue, task) (of ``queue`` and ``task`` only, if given)."""
+        out: dict[tuple[str, str], int] = {}
+        key = self.keys.breaker_held_raw
+        start = b"-" if queue is None else b"[" + _prefix(queue, task)
+        while True:
+            first = self.client.zrangebylex(key, start, b"+", start=0, num=1)
+            if not first:
+                return out
+            q, t, _ = _text(first[0]).split(SEP, 2)
+            if queue is not None and (q != queue or (task is not None and t != task)):
+                return out
+            prefix = _prefix(q, t)
+            if task is None or t == task:
+                out[(q, t)] = int(self.client.zlexcount(key, b"[" + prefix, b"(" + prefix + b"\xff"))
+            start = b"[" + prefix + b"\xff"
+
+    def holding_in_fetch(self, queue: str, task: str) -> bool:
+        """Whether the fetch is told to hold ``task`` on ``queue`` (or on every queue) now."""
+        return any(v is not None for v in self.client.hmget(self.keys.breaker_holds, queue + SEP + task,
+                                                             B.ANY_QUEUE + SEP + task))
+
+    def release_held(self, queue: str, task: str, target: str, limit: int = RELEASE_BATCH) -> int:
+        """Push up to ``limit`` deliveries the fetch held for ``task`` on ``queue`` onto list ``target``."""
+        return int(self.scripts.run("release_held", [self.keys.breaker_held_raw, target],
+                                    [_prefix(queue, task), min(limit, RELEASE_BATCH)]))
+
     def forget(self, queue: str, group: str) -> bool:
         """Delete a breaker (closed or not) and its index entry; its held entries come back at their own time."""
+        state = self.get(queue, group)
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.keys.breaker(queue, group), self.keys.breaker_held(queue, group))
+        if state is not None:   # what the fetch held is released by the next sweep (worker/breaker.py)
+            pipe.hdel(self.keys.breaker_holds, queue + SEP + state.task)
         pipe.hdel(self.keys.breakers, queue + SEP + group)
         return bool(pipe.execute()[0])
 
@@ -211,6 +260,11 @@ class Breakers:
         self.archive.append([breaker_event(s.state, s.queue, s.task, group=s.group, ts=s.changed_at,
                                            task_id=s.probe_id, exception_type=s.exception_type,
                                            message=s.message, paused_by=s.paused_by)])
+
+
+def _prefix(queue: str, task: str | None) -> bytes:
+    """``<queue>\\x1f<task>\\x1f`` (or ``<queue>\\x1f`` without a task): a held delivery's prefix, as bytes."""
+    return (queue + SEP + (task + SEP if task is not None else "")).encode()
 
 
 def thresholds_of(policy: Any) -> Thresholds:

@@ -187,6 +187,22 @@ class Keys:
         """ZSET parked entry id -> when it was held: deliveries the open breaker parked, released when it closes."""
         return f"{self.base}:breaker:held:{queue}:{group}"
 
+    @property
+    def breaker_holds(self) -> str:
+        """HASH ``<queue>\x1f<task>`` -> until when (ms) ``fetch.lua`` holds that task's deliveries in Redis
+        (written with the breaker, ``storage/breakers.py``; ``*`` as the queue: every queue)."""
+        return self.base + ":breaker:holds"
+
+    @property
+    def breaker_held_raw(self) -> str:
+        """ZSET, every score 0: ``<queue>\x1f<task>\x1f<list element>`` for each delivery ``fetch.lua`` held
+        without handing it to a worker; read by prefix (``ZRANGEBYLEX``) and pushed back when the breaker closes."""
+        return self.base + ":breaker:held:raw"
+
+    def breaker_release(self, queue: str, task: str) -> str:
+        """STRING, with a TTL: the process pushing back what the fetch held of ``task`` on ``queue`` (one at a time)."""
+        return f"{self.base}:breaker:release:{queue}:{task}"
+
     def delivery_count(self, task_id: str) -> str:
         """STRING counter: how many times the task's message was delivered."""
         return f"{self.base}:count:{task_id}"

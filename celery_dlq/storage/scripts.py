@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "job_create",
     "job_state",
     "job_claim",
+    "release_held",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

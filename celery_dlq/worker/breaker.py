@@ -13,9 +13,17 @@
   (:meth:`~celery_dlq.worker.park.Parking.park_again`).
 * **Probe.** Once the cool-down is over, one delivery wins the probe and runs;
   its success closes the breaker, its failure opens it again.
+* **Hold in Redis.** Where the broker is the store, once a breaker has
+  parked its first delivery (the one that comes back to probe), the fetch
+  script itself keeps the task's deliveries in Redis (``fetch.lua``): no
+  worker fetches, decodes or parks them during the outage.
 * **Close.** The deliveries held meanwhile are released at a rising pace (in
-  a thread, off the consumer's loop), then each callable of
-  :attr:`WorkerBreakers.on_close` is called with ``(queue, group, task)`` (``worker/redrive.py``).
+  a thread, off the consumer's loop; those the fetch held onto the queue's
+  lowest-priority list, so the queue's other traffic goes first), then each
+  callable of :attr:`WorkerBreakers.on_close` is called with ``(queue, group, task)`` (``worker/redrive.py``).
+  Held deliveries no breaker holds any more (a resume from the CLI, a
+  releasing worker that died) are released by :meth:`WorkerBreakers.sweep`,
+  which the worker holding the mover lease calls every ``dlq_jobs_poll``.
 
 Every state change sends a ``task-breaker-changed`` event (Flower) and is
 archived (``breaker`` events).
@@ -32,12 +40,18 @@ from typing import Any
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breakers import Breakers, Change, Summary, summaries_for
+from celery_dlq.storage.keys import QueueLists
 from celery_dlq.worker.config import Config, MessageContext
 from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.park import Parking
 from celery_dlq.worker.task_events import TaskEvents
 
 logger = logging.getLogger(__name__)
+
+#: How often a release of what the fetch held pushes the next deliveries back (seconds).
+RELEASE_TICK = 0.05
+#: The release lock's life (ms): a releasing process that dies leaves it to another after this.
+RELEASE_LOCK_MS = 5000
 
 
 class WorkerBreakers:
@@ -57,6 +71,7 @@ class WorkerBreakers:
         self._counting: set[str] = set()
         self._store: tuple[Connections, Breakers] | None = None
         self._lock = threading.Lock()
+        self._releasing: set[tuple[str, str]] = set()   # (queue, task) this process pushes back
 
     def store(self) -> Breakers:
         redis = self.redis()
@@ -193,6 +208,9 @@ class WorkerBreakers:
         return True
 
     def _release(self, closed: B.BreakerState, rate: float, max_rate: float) -> None:
+        queue = None if closed.queue == B.ANY_QUEUE else closed.queue
+        for q, task in self.store().held_in_fetch(queue, closed.task):
+            self.start_release(q, task, rate, max_rate)
         try:
             n = self.store().release(self.redis().sharded, closed.queue, closed.group, rate, max_rate)
             logger.warning("celery-dlq: breaker %s/%s closed: %d held deliveries released", closed.queue,
@@ -205,3 +223,54 @@ class WorkerBreakers:
                 hook(closed.queue, closed.group, closed.task)
             except Exception:
                 logger.exception("celery-dlq: a breaker on_close hook failed")
+
+    # -- what the fetch held ----------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Release what the fetch holds for tasks no breaker holds now (closed from elsewhere, a releaser gone)."""
+        store = self.store()
+        for queue, task in store.held_in_fetch():
+            if not store.holding_in_fetch(queue, task):
+                policy = self.config.settings.policy_for(task, queue)
+                self.start_release(queue, task, policy.breaker_release_rate, policy.breaker_max_release_rate)
+
+    def start_release(self, queue: str, task: str, rate: float, max_rate: float) -> None:
+        """Release, in a thread, what the fetch held of ``task`` on ``queue``, unless this process does already."""
+        with self._lock:
+            if (queue, task) in self._releasing:
+                return
+            self._releasing.add((queue, task))
+        threading.Thread(target=self.release_held, args=(queue, task, rate, max_rate),
+                         name="celery-dlq-breaker-release-held", daemon=True).start()
+
+    def release_held(self, queue: str, task: str, rate: float, max_rate: float) -> int:
+        """Push back what the fetch held of ``task`` on ``queue`` at the rising pace of :func:`B.released_by`,
+        onto the queue's lowest-priority list; stops if the breaker holds the task again. One process at a time
+        (a lock with a TTL); returns how many it pushed back."""
+        redis = self.redis()
+        store, lock, me = self.store(), redis.keys.breaker_release(queue, task), f"{self.hostname}:{id(self)}"
+        target = QueueLists.of(self.config.app.conf.broker_transport_options).key(queue, 9)
+        done = 0
+        try:
+            if not redis.client.set(lock, me, nx=True, px=RELEASE_LOCK_MS):
+                return 0   # another process releases them
+            start = self.clock()
+            while not store.holding_in_fetch(queue, task):
+                due = int(B.released_by(self.clock() - start, rate, max_rate)) + 1 - done
+                if due > 0:
+                    pushed = store.release_held(queue, task, target, due)
+                    done += pushed
+                    if pushed < due:
+                        break   # none left
+                redis.client.set(lock, me, xx=True, px=RELEASE_LOCK_MS)
+                time.sleep(RELEASE_TICK)
+            redis.client.delete(lock)
+        except Exception:
+            logger.exception("celery-dlq: could not push back what the fetch held of %s on %s; the next sweep "
+                             "carries on", task, queue)
+        finally:
+            with self._lock:
+                self._releasing.discard((queue, task))
+        if done:
+            logger.warning("celery-dlq: %d deliveries of %s held on %s pushed back", done, task, queue)
+        return done

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -27,9 +28,10 @@ logger = logging.getLogger(__name__)
 class JobsThread(threading.Thread):
     """Looks for orphaned jobs every ``poll`` seconds and runs each it takes, until stopped."""
 
-    def __init__(self, app: Any, poll: float, holder: threading.Event) -> None:
+    def __init__(self, app: Any, poll: float, holder: threading.Event,
+                 sweeps: tuple[Callable[[], Any], ...] = ()) -> None:
         super().__init__(name="celery-dlq-jobs", daemon=True)
-        self.app, self.poll, self.holder = app, poll, holder
+        self.app, self.poll, self.holder, self.sweeps = app, poll, holder, sweeps
         self._stop_event = threading.Event()
         self.runner: JobRunner | None = None
 
@@ -43,6 +45,8 @@ class JobsThread(threading.Thread):
                     self.runner = JobRunner(Jobs(Operator(self.app)))
                 for job_id in self.runner.take_orphans(limit=1):
                     logger.info("celery-dlq: ran redrive job %s (taken over)", job_id)
+                for sweep in self.sweeps:   # deliveries the fetch held that no breaker holds now
+                    sweep()
             except Exception:   # Redis down, or a bug of ours: logged, and looked at again next time
                 logger.exception("celery-dlq: looking for redrive jobs to take over")
             self._stop_event.wait(self.poll)
@@ -69,7 +73,8 @@ class RedriveJobs(bootsteps.StartStopStep):
         return self.runtime.config.settings.jobs_poll > 0
 
     def start(self, c: Any) -> None:
-        self.thread = JobsThread(c.app, self.runtime.config.settings.jobs_poll, self.runtime.mover_holder)
+        self.thread = JobsThread(c.app, self.runtime.config.settings.jobs_poll, self.runtime.mover_holder,
+                                 (self.runtime.breakers.sweep,))
         self.thread.start()
 
     def stop(self, c: Any) -> None:

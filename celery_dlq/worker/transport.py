@@ -27,28 +27,23 @@ changes the fetch only (publishing and everything else are kombu's):
   ``x-dlq-exception-message``) in one script, with one WARNING
   (:mod:`celery_dlq.worker.rejects`).
 * **Wait without taking, one worker woken per message.** A script cannot
-  block, so when every list is empty the channel blocks (``BZPOPMIN``) on
-  its queues' wake markers, which the fetch listener (one thread, in the
-  worker holding the mover lease: :mod:`celery_dlq.worker.fetch_listener`)
-  writes when a queue's lists hold a message: one message wakes one idle
-  worker, as kombu's ``BRPOP`` does. The wait's timeout is only a safety net
-  (:data:`MARKER_WAIT`). Where no listener hears all of its queues (none
-  yet, one that died, ``dlq_fetch_listener = False``, a server refusing
-  client tracking) the fetch says so and the channel waits with
-  ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one of its
-  queues (a no-op move that wakes as soon as a message arrives there);
-  messages on other lists then wait at most ``dlq_fetch_wait``.
-* **Move what came due first.** Where the broker is the store, the fetch
-  script first moves due parked retries bound for the lists it pops from
-  (:mod:`celery_dlq.worker.fetch_moves`), so a busy worker's retry does not
-  wait for the mover.
+  block, so when every list is empty the channel blocks (``BZPOPMIN``) on its queues' wake markers, which
+  the fetch listener (one thread, in the worker holding the mover lease: :mod:`celery_dlq.worker.fetch_listener`)
+  writes when a queue's lists hold a message: one message wakes one idle worker, as kombu's ``BRPOP`` does.
+  The wait's timeout is only a safety net (:data:`MARKER_WAIT`). Where no listener hears all of its queues
+  (none yet, one that died, ``dlq_fetch_listener = False``, a server refusing client tracking) the fetch says
+  so and the channel waits with ``BLMOVE q q RIGHT RIGHT <dlq_fetch_wait>`` on the main list of one of its
+  queues (a no-op move that wakes as soon as a message arrives there); other lists' messages wait that long.
+* **Move what came due first, hold what a breaker holds.** Where the broker is the store, the fetch
+  first moves due parked retries bound for its lists (:mod:`celery_dlq.worker.fetch_moves`), and keeps
+  in Redis, unseen by the worker, a delivery an open circuit breaker holds (:mod:`celery_dlq.worker.breaker`).
 * **Recover on reconnect and restart.** Tags this process fetched but no
   live channel of it holds (a reply lost with the connection, a channel
   closed while Redis was down) are given back to their queues when the next
   channel starts, and so are those of earlier runs of this worker on this
   host whose process is gone: a restart waits for no lease.
 * **Close never crashes.** kombu's restore of unacked messages at close can raise on a broken
-  connection (``_connparams`` on a released one): logged, they stay recorded for the recovery above.
+  connection: logged, they stay recorded for the recovery above.
 """
 from __future__ import annotations
 
@@ -225,7 +220,7 @@ class Channel(kombu_redis.Channel):
         self._dlq_beat_sent = clock if beat else None
         connection.send_command("EVALSHA", self._dlq_fetch_sha, len(all_keys), *all_keys, len(keys),
                                 self._dlq_consumer if beat else "", len(marked), int(now * 1000), register, *marked,
-                                *(moves.args(now) if moves else ()))
+                                *self._dlq_hold_args(keys), *(moves.args(now) if moves else ()))
 
     def _dlq_heard_for(self, seconds: float) -> bool:
         """Whether a fetch found a listener hearing all of this channel's queues in the last ``seconds``."""
@@ -252,9 +247,13 @@ class Channel(kombu_redis.Channel):
                 [k.quarantine(self._queue_of_key(key)) for key in keys] + \
                 [k.inflight(self._dlq_consumer), k.consumers] + \
                 markers + [k.fetch_queues, k.fetch_listening] + \
+                ([k.breaker_holds, k.breaker_held_raw] if self.fetch_context.holds else []) + \
                 list(self._dlq_moves.keys if self._dlq_moves else ())   # fetch_moves.py
             cached = self._dlq_key_cache[queues] = (keys, all_keys, markers)
         return cached
+
+    def _dlq_hold_args(self, keys: list[str]) -> list[str]:   # fetch.lua's: "1" and each list's queue, or "0"
+        return ["1", *map(self._queue_of_key, keys)] if self.fetch_context.holds else ["0"]
 
     def _queue_of_key(self, key: str) -> str:
         return key.rsplit(self.sep, 1)[0]

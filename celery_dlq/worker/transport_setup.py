@@ -50,12 +50,14 @@ class FetchContext:
     config: Config | None = field(default=None, repr=False)
     #: This process's connections: where an invalid message's dead letter is counted.
     redis: Callable[[], Connections] | None = field(default=None, repr=False)
+    #: Whether a fetch holds in Redis what an open circuit breaker holds (the broker is the store: ``Config.direct``).
+    holds: bool = False
 
     @classmethod
     def of(cls, config: Config, redis: Callable[[], Connections], moved: MoveTally) -> FetchContext:
         settings = config.settings
         return cls(settings.key_prefix, settings.fetch_wait, settings.fetch_listener, settings.inflight_lease,
-                   fetch_moves(settings, config.direct), moved, config, redis)
+                   fetch_moves(settings, config.direct), moved, config, redis, config.direct)
 
     def policy(self, queue: str) -> RedeliveryPolicy:
         """The policy of ``queue`` for a message that names no task (an invalid one): where it is dead-lettered."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from celery_dlq.storage.breakers import Breakers
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.totals import Metric, field
 from celery_dlq.worker.task_events import BREAKER_CHANGED
@@ -22,6 +23,12 @@ def held_entries(h, queue: str, group: str) -> set[str]:
     return {e.decode() for e in h.redis.zrange(Keys(h.prefix).breaker_held(queue, group), 0, -1)}
 
 
+def kept_by_fetch(h) -> set[str]:
+    """The task ids of the deliveries the fetch script keeps in Redis for an open breaker."""
+    members = h.redis.zrange(Keys(h.prefix).breaker_held_raw, 0, -1)
+    return {json.loads(m.split(b"\x1f", 2)[2])["headers"]["id"] for m in members}
+
+
 def ran_ok(h, task_id: str) -> bool:
     return any(row.get("ok") for row in h.deliveries(task_id))
 
@@ -38,8 +45,10 @@ def test_a_failing_group_opens_holds_its_task_only_then_a_probe_closes_it_and_re
     held = [h.send("proj.gateway", args=(10 + i,)).id for i in range(4)]
     healthy = [h.send("proj.noop", args=(i,)).id for i in range(4)]
     h.wait_until(lambda: all(h.deliveries(t) for t in healthy), message="the queue's other task runs")
-    h.wait_until(lambda: {f"{t}:1" for t in held} <= held_entries(h, h.queue, summary["group"]),
-                 message="the new deliveries are held")
+    # The first held delivery is parked by the worker (it comes back to probe); the fetch keeps the rest.
+    h.wait_until(lambda: set(held) <= {e.split(":")[0] for e in held_entries(h, h.queue, summary["group"])}
+                 | kept_by_fetch(h), message="the new deliveries are held")
+    assert len(kept_by_fetch(h) & set(held)) >= 2
     assert not any(h.deliveries(t) for t in held)            # held: never run while open
     assert h.redis.hget(Keys(h.prefix).metrics,
                         field(Metric.HELD, queue=h.queue, task="proj.gateway")) is not None
@@ -88,6 +97,25 @@ def test_pause_and_resume_a_task_from_the_cli(harness):
     [audited] = [r for r in h.dlq_json("audit") if r["action"] == "resume"]
     assert audited["counts"] == {"closed": 1, "released": 3} and "@" in audited["who"]
     assert h.dlq("resume", "proj.noop", "--force").returncode == 1    # nothing left to resume
+
+
+def test_deliveries_the_fetch_kept_for_a_forgotten_breaker_are_swept_back_and_run_once(harness):
+    """A breaker deleted while it held (``forget``, or the worker releasing them killed): the worker holding
+    the mover lease finds the kept deliveries no breaker holds and pushes them back, each run once."""
+    h = harness
+    h.extra_env["DLQ_TEST_CONF"] = json.dumps({"dlq_task_policies": {"proj.noop": {"breaker": "manual"}},
+                                               "dlq_jobs_poll": 0.2})
+    assert h.dlq("pause", "proj.noop", "-Q", h.queue, "--force").returncode == 0
+    h.worker()
+    ids = [h.send("proj.noop", args=(i,)).id for i in range(5)]
+    h.wait_until(lambda: kept_by_fetch(h) == set(ids), message="the fetch keeps them")
+    assert not any(h.deliveries(t) for t in ids)
+    (row,) = h.dlq_json("breakers")
+    assert Breakers(h.redis, Keys(h.prefix)).forget(h.queue, row["group"])
+    h.wait_until(lambda: all(h.deliveries(t) for t in ids), message="swept back and run")
+    assert kept_by_fetch(h) == set()
+    h.after_a_mover_pass()
+    assert [[r["delivery"] for r in h.deliveries(t)] for t in ids] == [[1]] * 5
 
 
 def test_a_snooze_uses_no_attempt_and_its_bound_dead_letters(harness):

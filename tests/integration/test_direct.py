@@ -159,7 +159,7 @@ def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: in
     keys = [*lists, *(store.keys.quarantine(name) for name in lists), store.keys.inflight("c1"),
             store.keys.consumers, store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
     moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
-    return Scripts(store.client).run("fetch", keys, [len(lists), "", 0, to_ms(now), "", *moves.args(now)])
+    return Scripts(store.client).run("fetch", keys, [len(lists), "", 0, to_ms(now), "", "0", *moves.args(now)])
 
 
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):

@@ -1,6 +1,8 @@
 """The circuit breaker's state machine (pure) and its Redis side (fakeredis), with a fake clock."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from uuid import uuid4
 
 import pytest
@@ -103,6 +105,23 @@ def test_release_offsets_start_slow_and_rise_to_the_cap():
     assert B.release_offsets(0, 1.0, 1.0) == []
 
 
+def test_released_by_is_the_count_release_offsets_reached():
+    offsets = B.release_offsets(2000, rate=10.0, max_rate=500.0)
+    for t in (0.5, 1.0, 3.0, 5.6, 6.0):
+        assert B.released_by(t, 10.0, 500.0) == pytest.approx(sum(1 for o in offsets if o <= t), abs=1.01)
+    assert B.released_by(0.0, 10.0, 500.0) == 0.0
+
+
+def test_the_fetch_holds_from_the_first_held_delivery_until_the_probe_and_while_paused():
+    opened = failing(3, now=0.0)
+    assert B.fetch_holds_until(opened) is None                      # the first held one goes to a worker
+    assert B.fetch_holds_until(replace(opened, held=1)) == 10.0      # then the fetch holds, until the probe
+    half = B.claim_probe(replace(opened, held=1), 10.0, "p")
+    assert B.fetch_holds_until(half) == 10.0 + B.PROBE_TIMEOUT     # while the probe runs (or is lost)
+    assert B.fetch_holds_until(B.record_success(half, 11.0, "p")) is None
+    assert B.fetch_holds_until(B.pause(fresh(), 1.0, "bob")) == math.inf
+
+
 def test_the_state_survives_its_hash():
     s = B.claim_probe(failing(3, now=0.5), 10.5, "t1")
     assert s is not None
@@ -180,3 +199,36 @@ def test_pause_and_resume_of_a_whole_task(breakers):
     assert not store.resume(B.ANY_QUEUE, B.whole_task("pay")).changed   # closed already
     assert summaries_for(store.index(), "anywhere", "pay") == []
     assert store.forget(B.ANY_QUEUE, B.whole_task("pay")) and store.index() == []
+
+
+def test_the_fetch_is_told_to_hold_after_the_first_hold_and_stops_at_the_close(breakers, any_redis):
+    store, clock = breakers
+    keys = store.keys
+    for _ in range(3):
+        store.record_failure("orders", "pay", "g1", FAIL, T)
+    assert not store.holding_in_fetch("orders", "pay")              # open, nothing held yet
+    store.hold("orders", "g1", "a:1", T)
+    assert any_redis.hget(keys.breaker_holds, "orders\x1fpay") == b"1010000" and store.holding_in_fetch("orders", "pay")
+    clock.now = 1010.0
+    store.claim_probe("orders", "g1", "a")
+    assert any_redis.hget(keys.breaker_holds, "orders\x1fpay") == str(int((1010.0 + B.PROBE_TIMEOUT) * 1000)).encode()
+    store.record_success("orders", "g1", "a")
+    assert not store.holding_in_fetch("orders", "pay")
+    store.pause(B.ANY_QUEUE, "pay", B.whole_task("pay"), "bob")
+    assert store.holding_in_fetch("elsewhere", "pay") and any_redis.hget(keys.breaker_holds, "*\x1fpay") == b"9e15"
+    assert store.forget(B.ANY_QUEUE, B.whole_task("pay")) and not store.holding_in_fetch("elsewhere", "pay")
+
+
+def test_what_the_fetch_held_is_counted_and_pushed_back_once(breakers, any_redis):
+    store, _ = breakers
+    raw = store.keys.breaker_held_raw
+    any_redis.zadd(raw, {f"orders\x1fpay\x1f{{\"n\": {i}}}": 0 for i in range(5)})
+    any_redis.zadd(raw, {"orders\x1fpayout\x1f{}": 0, "other\x1fpay\x1f{}": 0})
+    assert store.held_in_fetch() == {("orders", "pay"): 5, ("orders", "payout"): 1, ("other", "pay"): 1}
+    assert store.held_in_fetch("orders", "pay") == {("orders", "pay"): 5}
+    assert store.held_in_fetch(None, "pay") == {("orders", "pay"): 5, ("other", "pay"): 1}
+    target = f"{store.keys.base}:orders\x06\x169"
+    assert store.release_held("orders", "pay", target, 3) == 3
+    assert store.release_held("orders", "pay", target) == 2 and store.release_held("orders", "pay", target) == 0
+    assert sorted(any_redis.lrange(target, 0, -1)) == [f'{{"n": {i}}}'.encode() for i in range(5)]
+    assert store.held_in_fetch() == {("orders", "payout"): 1, ("other", "pay"): 1}   # the others untouched

@@ -147,14 +147,19 @@ def test_a_delivery_count_is_believed_only_in_range(value, problem):
 # -- the scripts ---------------------------------------------------------------------
 
 def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float = 1000.0,
-          queues: tuple[str, ...] = (), register: bool = False, beat: bool = False):
+          queues: tuple[str, ...] = (), register: bool = False, beat: bool = False, holds: bool = False):
     """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener);
-    ``beat``: the consumer's beat is due, the fetch writes it when it takes a message."""
+    ``beat``: the consumer's beat is due, the fetch writes it when it takes a message; ``holds``: it holds what
+    the breakers tell it to (the broker is the store)."""
     all_keys = [*lists, *(keys.quarantine(name.split("\x06\x16")[0]) for name in lists),
                 keys.inflight(consumer), keys.consumers, *(keys.fetch_marker(q) for q in queues),
                 keys.fetch_queues, keys.fetch_listening]
+    hold = ["0"]
+    if holds:
+        all_keys += [keys.breaker_holds, keys.breaker_held_raw]
+        hold = ["1", *(name.split("\x06\x16")[0] for name in lists)]
     return Scripts(client).run("fetch", all_keys, [len(lists), consumer if beat else "", len(queues),
-                                                   int(now * 1000), "1" if register else "", *queues])
+                                                   int(now * 1000), "1" if register else "", *queues, *hold])
 
 
 def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, unique):
@@ -282,3 +287,37 @@ def test_the_transport_is_left_alone_when_not_wanted_or_not_redis(conf):
     runtime = runtime_of(app)
     assert not TS.use_in_worker(app, fetch_context(runtime), runtime.config.settings.fetch_transport)
     assert app.conf.broker_transport == before
+
+
+def test_a_fetch_keeps_in_redis_what_a_breaker_holds_and_hands_over_the_next(any_redis, unique):
+    keys, q = Keys(f"f{unique}"), f"q{unique}"
+    held = [celery_message(task_id=f"h{i}", tag=f"h{i}") for i in range(3)]
+    for m in held:
+        m["headers"]["task"] = "proj.pay"
+    healthy = celery_message(task_id="ok", tag="ok")
+    for m in [*held[:2], healthy, held[2]]:                 # RPOP order: h0, h1, ok, h2
+        any_redis.lpush(q, json.dumps(m))
+    any_redis.hset(keys.breaker_holds, f"{q}\x1fproj.pay", 2_000_000)   # held until t = 2,000 s
+    index, element, status, tag, more = fetch(any_redis, keys, [q], holds=True)[:5]
+    assert (status, tag, more) == (b"ok", b"ok", 1)          # the two held ones skipped, kept whole
+    kept = any_redis.zrange(keys.breaker_held_raw, 0, -1)
+    assert sorted(json.loads(k.split(b"\x1f", 2)[2])["properties"]["delivery_tag"] for k in kept) == ["h0", "h1"]
+    assert all(k.startswith(f"{q}\x1fproj.pay\x1f".encode()) for k in kept)
+    assert list(any_redis.hkeys(keys.inflight("c1"))) == [b"ok"]   # only what was handed over is in flight
+    # Only a held one left: nothing handed over, the list empty, and a fetch without holds takes it.
+    assert fetch(any_redis, keys, [q], holds=True)[:5] == [0, b"", b"none", b"", 0]
+    assert any_redis.zcard(keys.breaker_held_raw) == 3 and any_redis.llen(q) == 0
+
+
+def test_a_hold_that_ran_out_or_another_queue_lets_the_delivery_through(any_redis, unique):
+    keys, q = Keys(f"f{unique}"), f"q{unique}"
+    m = celery_message(task_id="a", tag="a")
+    m["headers"]["task"] = "proj.pay"
+    any_redis.hset(keys.breaker_holds, mapping={f"{q}\x1fproj.pay": 999_000, f"other\x1fproj.pay": 9e15})
+    any_redis.lpush(q, json.dumps(m))
+    assert fetch(any_redis, keys, [q], now=1000.0, holds=True)[2] == b"ok"   # held until 999 s: over
+    any_redis.hset(keys.breaker_holds, f"*\x1fproj.pay", "9e15")             # paused on every queue
+    any_redis.lpush(q, json.dumps({**m, "properties": {**m["properties"], "delivery_tag": "b"}}))
+    assert fetch(any_redis, keys, [q], holds=False)[2] == b"ok"               # a fetch told not to hold
+    any_redis.lpush(q, json.dumps({**m, "properties": {**m["properties"], "delivery_tag": "c"}}))
+    assert fetch(any_redis, keys, [q], holds=True)[2] == b"none" and any_redis.zcard(keys.breaker_held_raw) == 1
