@@ -18,7 +18,8 @@ doubling to 30 s, 20 retries: bench/storm_app.py, bench/storm_dramatiq.py):
 
 Each side runs on its own fresh redis-server database with one worker
 (prefork -c 2; Dramatiq -p 1 -t 2). Reported per side: the healthy kind's
-queue-to-start latency p50/p99 (over the whole run), the worker's CPU
+queue-to-start latency p50/p99 (over the whole run; the p99 also over the
+outage and after it: the first and second half of the healthy tasks), the worker's CPU
 seconds and Redis commands during the outage, both less the quiet side's
 (the failing kind's share), the seconds from the outage's end until every
 failing task has succeeded, and failing tasks lost (never succeeded by the
@@ -144,7 +145,9 @@ def one_side(server: RedisServer, side: str, n_failing: int, n_healthy: int, out
             time.sleep(0.1)
         ok, runs = client.scard(f"{prefix}:ok"), int(client.get(f"{prefix}:ok_runs") or 0)
         lat = [float(x) for x in client.lrange(f"{prefix}:lat", 0, -1)]
+        half = len(lat) // 2   # sent at a steady rate over twice the outage: the first half during it
         return {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "cpu": cpu1 - cpu0,
+                "p99_out": pct(lat[:half], 99) * 1000, "p99_after": pct(lat[half:], 99) * 1000,
                 "cmds": cmds1 - cmds0, "redis_cpu": redis_cpu1 - redis_cpu0, "recovery": recovered,
                 "lost": failing - ok, "dup": runs - ok, "attempts": int(client.get(f"{prefix}:attempts") or 0),
                 "healthy_seen": len(lat)}
@@ -182,9 +185,10 @@ def main() -> None:
         mid = format(median(values), fmt)
         return mid if len(values) == 1 else f"{mid} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
-    print_table(["side", "healthy p50 ms", "healthy p99 ms", "failing kind CPU s", "failing kind Redis cmds",
-                 "attempts", "recovery s", "lost", "duplicated"],
+    print_table(["side", "healthy p50 ms", "healthy p99 ms", "p99 outage / after ms", "failing kind CPU s",
+                 "failing kind Redis cmds", "attempts", "recovery s", "lost", "duplicated"],
                 [[side, fig(side, "p50", ".0f"), fig(side, "p99", ".0f"),
+                  f"{fig(side, 'p99_out', '.0f')} / {fig(side, 'p99_after', '.0f')}",
                   "-" if side == "quiet" else fig(side, "cpu", ".2f", base_cpu),
                   "-" if side == "quiet" else fig(side, "cmds", ".0f", base_cmds),
                   fig(side, "attempts", ".0f"), "-" if side == "quiet" else fig(side, "recovery", ".1f"),

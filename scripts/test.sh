@@ -82,7 +82,7 @@ fi
 # Two pytest-xdist workers (tests/conftest.py keeps the Spark tests on one and
 # starts the slow ones first); PYTEST_WORKERS=0 runs in one process.
 set +e
-.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -ne 0 ] || [ "$#" -gt 0 ] || [ "${CONTRACT:-1}" = 0 ]; then

@@ -79,4 +79,5 @@ def resume(ctx: click.Context, task: str, queue: str | None, group: str | None, 
     held = sum(row.held for row in found)
     _confirm(f"close {n_of(len(found), 'breaker')} of {task} and release {n_of(held, 'held delivery')}", force)
     closed, released = controls.resume(task, queue=queue, group=group, actor=Actor.of(why=why))
-    click.echo(f"Closed {n_of(closed, 'breaker')}; {n_of(released, 'held delivery')} released at a rising pace.")
+    click.echo(f"Closed {n_of(closed, 'breaker')}; {n_of(released, 'held delivery')} released, "
+               "behind the queue's other traffic.")

@@ -62,7 +62,8 @@ async def act(request: Request) -> Response:
     else:
         closed, released = await run_in_threadpool(lambda: controls.resume(task, queue=queue, group=group,
                                                                            actor=actor))
-        done = f"Closed {closed} breaker(s) of {task}; {released} held deliveries released at a rising pace."
+        done = (f"Closed {closed} breaker(s) of {task}; {released} held deliveries released, "
+                "behind the queue's other traffic.")
     logger.info("celery-dlq web: %s %s (queue %s, group %s) by %s", verb, task, queue, group, request.state.user)
     return render(request, "breakers.html", rows=controls.rows(), confirm=None, done=done)
 

@@ -15,6 +15,10 @@ wakes one idle worker however many wait, as kombu's ``BRPOP`` does; that
 worker's pop is heard too and marks the queue again if another message is
 left, waking the next.
 
+Where breakers hold in Redis (the broker is the store), the script first
+keeps a list's oldest elements that an open breaker holds, as the fetch
+does: a push of a held task wakes no worker.
+
 What a message costs the listener (:class:`Coalescer`): a write heard to a
 list is marked at once (one ``ZADD``: a push), except the first write heard
 within :data:`WINDOW` after a marking, which is presumed the pop of the
@@ -128,9 +132,11 @@ class FetchListener(threading.Thread):
     """Hears writes to the watched queues' lists and writes their wake markers (see the module docstring)."""
 
     def __init__(self, connect: Callable[[], Any], keys: Keys, lists: QueueLists,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, holds: bool = False) -> None:
         super().__init__(name="celery-dlq-fetch-listener", daemon=True)
         self.connect, self.keys, self.lists, self.clock = connect, keys, lists, clock
+        #: Whether breakers hold in Redis (the broker is the store): a held push is kept, waking no worker.
+        self.holds = holds
         self._stop_event = threading.Event()
         #: full list name -> its queue's marker, for every queue heard
         self.watched: dict[str, str] = {}
@@ -263,8 +269,11 @@ class FetchListener(threading.Thread):
         self._scripts = scripts
         for start in range(0, len(ordered), BATCH):
             part = ordered[start:start + BATCH]
-            self.signalled += int(scripts.run("mark_queues", [*part, *(self.watched[key] for key in part)],
-                                              ["1" if force else ""]))
+            keys, args = [*part, *(self.watched[key] for key in part)], ["1" if force else ""]
+            if self.holds:
+                keys += [self.keys.breaker_holds, self.keys.breaker_held_raw]
+                args += [str(int(self.clock() * 1000)), *map(self.lists.queue_of, part)]
+            self.signalled += int(scripts.run("mark_queues", keys, args))
 
     # -- the end ------------------------------------------------------------------
 

@@ -87,7 +87,8 @@ class MoverThread(threading.Thread):
             url = broker_url(self.app.conf)
             lists = self.config.lists
             self.listener = FetchListener(lambda: listener_client(url),
-                                          Keys(self.config.settings.key_prefix, lists.global_keyprefix), lists)
+                                          Keys(self.config.settings.key_prefix, lists.global_keyprefix), lists,
+                                          holds=self.config.direct)
             self.listener.start()
 
     def stop(self, timeout: float = 10.0) -> None:

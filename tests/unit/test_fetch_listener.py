@@ -105,3 +105,20 @@ def test_an_idle_wait_is_jittered_below_kombus_health_check_and_short_while_a_ch
     assert marker_wait(26.0, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT      # kombu's 26 s: room enough
     assert marker_wait(4.0, SETTLE + 1, 1.0, rng=lambda: 1.0) == 3.0               # health_check_interval = 3
     assert marker_wait(26.0, 5.0, 1.0, rng=lambda: 1.0) == 1.0                     # a channel 5 s old
+
+
+def test_a_push_an_open_breaker_holds_is_kept_and_wakes_no_worker(any_redis, unique):
+    keys, q = Keys(f"s{unique}"), f"q{unique}"
+    listener = FetchListener(lambda: any_redis, keys, QueueLists(), clock=lambda: 1000.0, holds=True)
+    listener.watched = {q: keys.fetch_marker(q)}
+    held = json.dumps({"headers": {"task": "proj.pay", "id": "a"}, "properties": {}})
+    other = json.dumps({"headers": {"task": "proj.ok", "id": "b"}, "properties": {}})
+    any_redis.hset(keys.breaker_holds, f"{q}\x1fproj.pay", 2_000_000)
+    any_redis.lpush(q, held)
+    listener._mark(any_redis, {q})                         # a push heard: the held one is kept, nothing marked
+    assert not any_redis.exists(keys.fetch_marker(q)) and any_redis.llen(q) == 0
+    assert any_redis.zrange(keys.breaker_held_raw, 0, -1) == [f"{q}\x1fproj.pay\x1f{held}".encode()]
+    any_redis.lpush(q, held.replace('"a"', '"c"'), other)  # oldest first: a held one, then another task's
+    listener._mark(any_redis, {q})
+    assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"] and any_redis.lrange(q, 0, -1) == [other.encode()]
+    assert any_redis.zcard(keys.breaker_held_raw) == 2

@@ -55,7 +55,6 @@ end
 local moves = {}
 local limit = tonumber(ARGV[extra + 1] or '0')
 local HOLD_MAX = 100
-local SEP = '\031'
 if limit > 0 and #redis.call('ZRANGEBYSCORE', KEYS[store], '-inf', ARGV[4], 'LIMIT', 0, 1) > 0 then
   local lists = {}
   for i = 1, n do
@@ -104,22 +103,6 @@ local function empty()
   end
   return 0
 end
--- Whether an open breaker holds this delivery: then it is kept, whole, in the held deliveries.
-local function held(i, message, raw)
-  local headers = message['headers']
-  local task = type(headers) == 'table' and headers['task']
-  if type(task) ~= 'string' then
-    return false
-  end
-  local queue = ARGV[6 + m + i]
-  local untils = redis.call('HMGET', KEYS[holds], queue .. SEP .. task, '*' .. SEP .. task)
-  local now = tonumber(ARGV[4])
-  if not ((untils[1] and tonumber(untils[1]) > now) or (untils[2] and tonumber(untils[2]) > now)) then
-    return false
-  end
-  redis.call('ZADD', KEYS[holds + 1], 0, queue .. SEP .. task .. SEP .. raw)
-  return true
-end
 -- The reply for list i's element, or nil when a breaker held it.
 local function take(i, element)
   local raw = element
@@ -134,7 +117,9 @@ local function take(i, element)
   local info = type(properties) == 'table' and properties['delivery_info']
   if type(tag) == 'string' and tag ~= '' and type(info) == 'table'
       and type(info['exchange']) == 'string' and type(info['routing_key']) == 'string' then
-    if hold and held(i, message, raw) then
+    local headers = message['headers']
+    if hold and type(headers) == 'table' and breaker_keeps(KEYS[holds], KEYS[holds + 1], ARGV[6 + m + i],
+                                                           headers['task'], raw, tonumber(ARGV[4])) then
       return nil
     end
     redis.call('HSET', KEYS[2 * n + 1], tag, in_flight_value(KEYS[i], element))

@@ -194,3 +194,25 @@ end
 -- A message given back by a lost consumer opens with this extra top-level field, so the next fetch counts
 -- the delivery (fetch.lua strips it; any other JSON reader ignores it).
 local GIVEN_BACK = '{"x-dlq-redelivered":1,'
+
+-- Circuit breakers (storage/breakers.py): whether an open breaker holds `task` on `queue` at `now` (ms), as
+-- the holds hash says ("*" as the queue: every queue); if so the list element `raw` is kept, whole, in the
+-- held deliveries (ZSET, score 0, "<queue>\31<task>\31<element>"), pushed back by release_held.lua.
+local function breaker_keeps(holds, held, queue, task, raw, now)
+    if type(task) ~= 'string' then
+        return false
+    end
+    local untils = redis.call('HMGET', holds, queue .. '\31' .. task, '*\31' .. task)
+    if not ((untils[1] and tonumber(untils[1]) > now) or (untils[2] and tonumber(untils[2]) > now)) then
+        return false
+    end
+    redis.call('ZADD', held, 0, queue .. '\31' .. task .. '\31' .. raw)
+    return true
+end
+
+-- The task a kombu list element names (Celery's protocol 2 header), or nil.
+local function element_task(element)
+    local ok, message = pcall(cjson.decode, element)
+    local headers = ok and type(message) == 'table' and message['headers']
+    return type(headers) == 'table' and headers['task'] or nil
+end

@@ -2,15 +2,38 @@
 -- Run by the fetch listener on its tracking connection: every list this script reads is tracked for it
 -- (Redis remembers the keys a script's commands read for the caller), so Redis sends one invalidation at
 -- the list's next write, and none after until the listener reads the list again (worker/fetch_listener.py).
+-- Where breakers hold in Redis, a list's oldest elements that an open breaker holds are kept first (as
+-- fetch.lua keeps them), so a push of a held task wakes no worker.
 --
 -- KEYS[1..n]      queue lists (LIST)
 -- KEYS[n+1..2n]   the wake marker of list i's queue (ZSET, at most one member)
+-- KEYS[2n+1]      breaker holds (HASH) (only with ARGV[2]) <queue>\x1f<task> -> held until (ms)
+-- KEYS[2n+2]      held deliveries (ZSET) (the same) <queue>\x1f<task>\x1f<element>, score 0
 -- ARGV[1] = "1": mark every list's queue (a push was heard); "": only those whose list holds a message
+-- ARGV[2] = now (ms) where breakers hold in Redis; absent or "" otherwise
+-- ARGV[3..2+n] = (with ARGV[2]) the queue of list i
 -- Returns how many markers were written.
+local hold = ARGV[2] ~= nil and ARGV[2] ~= ''
 local n = #KEYS / 2
+if hold then
+  n = (#KEYS - 2) / 2
+end
 local marked = 0
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 1 or ARGV[1] == '1' then
+  local force = ARGV[1] == '1'
+  if hold then
+    local now = tonumber(ARGV[2])
+    for _ = 1, 100 do
+      local oldest = redis.call('LINDEX', KEYS[i], -1)
+      if not (oldest and breaker_keeps(KEYS[2 * n + 1], KEYS[2 * n + 2], ARGV[2 + i], element_task(oldest),
+                                       oldest, now)) then
+        break
+      end
+      redis.call('RPOP', KEYS[i])
+      force = false   -- what is left decides
+    end
+  end
+  if force or redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('ZADD', KEYS[n + i], 0, 'm')
     marked = marked + 1
   end
