@@ -116,6 +116,12 @@ class Coalescer:
                 self._pop.add(key)
         return at_once
 
+    def unmark(self, lists: Iterable[str]) -> None:
+        """``lists`` were heard but not marked (a breaker kept the push): no worker was woken, no pop to wait for."""
+        for key in lists:
+            self._pop.discard(key)
+            self._until.pop(key, None)
+
     def due(self, now: float) -> set[str]:
         """The lists whose look has come: to look at now (EXISTS, and mark those holding a message)."""
         due = {key for key, at in self._later.items() if at <= now}
@@ -197,7 +203,7 @@ class FetchListener(threading.Thread):
                     written |= self._written(message)
                     message = pubsub.get_message(timeout=0.0)
                 now = time.monotonic()
-                self._mark(tracker, coalescer.heard(written, now))
+                coalescer.unmark(self._mark(tracker, coalescer.heard(written, now)))
                 self._signal(tracker, coalescer.due(now))
         finally:
             tracker.close()
@@ -254,16 +260,19 @@ class FetchListener(threading.Thread):
                 written.add(key)
         return written
 
-    def _mark(self, tracker: Any, lists: set[str]) -> None:
-        """Write the marker of the queue of each of ``lists`` (a push was heard to each), and arm them."""
-        self._run(tracker, lists, force=True)
+    def _mark(self, tracker: Any, lists: set[str]) -> set[str]:
+        """Write the marker of the queue of each of ``lists`` (a push was heard to each), and arm them; returns
+        those left unmarked because a breaker kept what was pushed."""
+        return self._run(tracker, lists, force=True)
 
     def _signal(self, tracker: Any, lists: set[str]) -> None:
         """Write the marker of each queue one of ``lists`` holds a message of, and arm them."""
         self._run(tracker, lists, force=False)
 
-    def _run(self, tracker: Any, lists: set[str], force: bool) -> None:
-        """``mark_queues.lua`` on the tracking connection (its reads arm the lists), :data:`BATCH` lists a call."""
+    def _run(self, tracker: Any, lists: set[str], force: bool) -> set[str]:
+        """``mark_queues.lua`` on the tracking connection (its reads arm the lists), :data:`BATCH` lists a call;
+        the lists heard written to that it did not mark."""
+        unmarked: set[str] = set()
         ordered = sorted(lists)
         scripts = Scripts(tracker) if self._scripts is None or self._scripts.client is not tracker else self._scripts
         self._scripts = scripts
@@ -273,7 +282,10 @@ class FetchListener(threading.Thread):
             if self.holds:
                 keys += [self.keys.breaker_holds, self.keys.breaker_held_raw]
                 args += [str(int(self.clock() * 1000)), *map(self.lists.queue_of, part)]
-            self.signalled += int(scripts.run("mark_queues", keys, args))
+            marked, *kept = scripts.run("mark_queues", keys, args)
+            self.signalled += int(marked)
+            unmarked.update(part[int(i) - 1] for i in kept)
+        return unmarked
 
     # -- the end ------------------------------------------------------------------
 

@@ -115,10 +115,18 @@ def test_a_push_an_open_breaker_holds_is_kept_and_wakes_no_worker(any_redis, uni
     other = json.dumps({"headers": {"task": "proj.ok", "id": "b"}, "properties": {}})
     any_redis.hset(keys.breaker_holds, f"{q}\x1fproj.pay", 2_000_000)
     any_redis.lpush(q, held)
-    listener._mark(any_redis, {q})                         # a push heard: the held one is kept, nothing marked
+    assert listener._mark(any_redis, {q}) == {q}           # a push heard: the held one is kept, nothing marked
     assert not any_redis.exists(keys.fetch_marker(q)) and any_redis.llen(q) == 0
     assert any_redis.zrange(keys.breaker_held_raw, 0, -1) == [f"{q}\x1fproj.pay\x1f{held}".encode()]
     any_redis.lpush(q, held.replace('"a"', '"c"'), other)  # oldest first: a held one, then another task's
-    listener._mark(any_redis, {q})
+    assert listener._mark(any_redis, {q}) == set()
     assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"] and any_redis.lrange(q, 0, -1) == [other.encode()]
     assert any_redis.zcard(keys.breaker_held_raw) == 2
+
+
+def test_a_push_kept_by_a_breaker_is_not_taken_for_a_wake_so_the_next_push_is_marked_at_once():
+    coalescer = Coalescer(0.005)
+    assert coalescer.heard({"q"}, 1.0) == {"q"}      # a held push: marked at once, but the script kept it
+    coalescer.unmark({"q"})
+    assert coalescer.heard({"q"}, 1.001) == {"q"}    # the next push is not presumed a woken worker's pop
+    assert coalescer.heard({"q"}, 1.002) == set()    # that one did wake a worker: its pop waits for the window

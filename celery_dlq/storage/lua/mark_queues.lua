@@ -12,15 +12,19 @@
 -- ARGV[1] = "1": mark every list's queue (a push was heard); "": only those whose list holds a message
 -- ARGV[2] = now (ms) where breakers hold in Redis; absent or "" otherwise
 -- ARGV[3..2+n] = (with ARGV[2]) the queue of list i
--- Returns how many markers were written.
+-- Returns {how many markers were written, then the index of each list a push was heard to (ARGV[1] = "1")
+-- that is not marked because a breaker kept all it held}.
 local hold = ARGV[2] ~= nil and ARGV[2] ~= ''
 local n = #KEYS / 2
 if hold then
   n = (#KEYS - 2) / 2
+  hold = redis.call('EXISTS', KEYS[2 * n + 1]) == 1   -- no breaker holds anything: no list to look into
 end
 local marked = 0
+local kept = {}
 for i = 1, n do
   local force = ARGV[1] == '1'
+  local heard = force
   if hold then
     local now = tonumber(ARGV[2])
     for _ = 1, 100 do
@@ -36,6 +40,8 @@ for i = 1, n do
   if force or redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('ZADD', KEYS[n + i], 0, 'm')
     marked = marked + 1
+  elseif heard then
+    kept[#kept + 1] = i
   end
 end
-return marked
+return {marked, unpack(kept)}
