@@ -29,9 +29,9 @@ class JobsThread(threading.Thread):
     """Looks for orphaned jobs every ``poll`` seconds and runs each it takes, until stopped."""
 
     def __init__(self, app: Any, poll: float, holder: threading.Event,
-                 sweeps: tuple[Callable[[], Any], ...] = ()) -> None:
+                 sweeps: tuple[Callable[[], Any], ...] = (), lease: float = 30.0) -> None:
         super().__init__(name="celery-dlq-jobs", daemon=True)
-        self.app, self.poll, self.holder, self.sweeps = app, poll, holder, sweeps
+        self.app, self.poll, self.holder, self.sweeps, self.lease = app, poll, holder, sweeps, lease
         self._stop_event = threading.Event()
         self.runner: JobRunner | None = None
 
@@ -42,7 +42,7 @@ class JobsThread(threading.Thread):
                 continue
             try:
                 if self.runner is None:   # connects on first use, in this thread
-                    self.runner = JobRunner(Jobs(Operator(self.app)))
+                    self.runner = JobRunner(Jobs(Operator(self.app), lease=self.lease))
                 for job_id in self.runner.take_orphans(limit=1):
                     logger.info("celery-dlq: ran redrive job %s (taken over)", job_id)
                 for sweep in self.sweeps:   # deliveries the fetch held that no breaker holds now
@@ -73,8 +73,10 @@ class RedriveJobs(bootsteps.StartStopStep):
         return self.runtime.config.settings.jobs_poll > 0
 
     def start(self, c: Any) -> None:
-        self.thread = JobsThread(c.app, self.runtime.config.settings.jobs_poll, self.runtime.mover_holder,
-                                 (self.runtime.breakers.sweep,))
+        settings = self.runtime.config.settings
+        # A job this worker runs is leased as the mover is: another worker takes it over as soon after a death.
+        self.thread = JobsThread(c.app, settings.jobs_poll, self.runtime.mover_holder, (self.runtime.breakers.sweep,),
+                                 lease=settings.mover_lease)
         self.thread.start()
 
     def stop(self, c: Any) -> None:

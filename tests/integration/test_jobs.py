@@ -115,6 +115,29 @@ def test_a_runner_killed_mid_job_is_taken_over_by_a_worker_and_each_letter_is_de
     assert {i: counted[i] for i in ids} == {i: ORIGINAL_DELIVERIES + 1 for i in ids}
 
 
+def test_a_worker_killed_mid_job_leaves_it_to_another_worker_and_each_letter_is_delivered_once(harness):
+    """Worker A (consuming another queue) holds the mover lease and runs an orphaned job; it is SIGKILLed
+    mid-way; worker B takes the mover lease, then the job (leased for ``dlq_mover_lease``), and ends it."""
+    h = harness
+    ids = dead_letters_of_fixed_by_flag(h, 20)
+    jobs = jobs_of(h)
+    job = jobs.start(f"DLQ.{h.queue}", Selection.of(everything=True), velocity=Velocity(4.0))
+    conf = json.dumps({"dlq_jobs_poll": 0.2, "dlq_mover_lease": 2.0})
+    a = h.worker(name="a", DLQ_TEST_QUEUE=f"{h.queue}.elsewhere", DLQ_TEST_CONF=conf)
+    h.wait_until(lambda: jobs.get(job.id).counts["done"] >= 4, message="worker A replays four letters")
+    first_owner = jobs.get(job.id).owner
+    assert f":{a.proc.pid}:" in first_owner
+    h.worker(name="b", DLQ_TEST_CONF=conf)                      # runs the replays; takes the job when A is gone
+    a.stop(signal.SIGKILL)
+    h.wait_until(lambda: jobs.get(job.id).state == "done", timeout=90, message="worker B finished the job")
+    ended = jobs.get(job.id)
+    assert ended.owner != first_owner and ended.takeovers == 1 and h.dead_letters() == []
+    h.wait_until(lambda: all(runs(h)[i] == ORIGINAL_DELIVERIES + 1 for i in ids), message="every letter run")
+    h.after_a_mover_pass()
+    counted = runs(h)
+    assert {i: counted[i] for i in ids} == {i: ORIGINAL_DELIVERIES + 1 for i in ids}
+
+
 def test_an_edited_replay_runs_the_new_arguments_and_the_audit_keeps_the_original(harness):
     h = harness
     (task_id,) = dead_letters_of_fixed_by_flag(h, 1)
