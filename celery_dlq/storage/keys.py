@@ -199,6 +199,12 @@ class Keys:
         without handing it to a worker; read by prefix (``ZRANGEBYLEX``) and pushed back when the breaker closes."""
         return self.base + ":breaker:held:raw"
 
+    @property
+    def breaker_kept_total(self) -> str:
+        """HASH ``<queue>\x1f<task>`` -> how many deliveries the fetch scripts ever kept for an open breaker: with
+        the workers' parks, the exporter's ``breaker_held_total`` (``storage/totals.py``)."""
+        return self.base + ":breaker:kept"
+
     def breaker_release(self, queue: str, task: str) -> str:
         """STRING, with a TTL: the process pushing back what the fetch held of ``task`` on ``queue`` (one at a time)."""
         return f"{self.base}:breaker:release:{queue}:{task}"

@@ -69,7 +69,8 @@ class Metric:
         PURGED: "Dead letters purged from a DLQ by the operator tools.",
         TRIMMED: "Dead letters deleted by retention (a DLQ's length or age limit).",
         SNOOZED: "Deliveries that snoozed (asked to wait without using an attempt), parked.",
-        HELD: "Deliveries an open circuit breaker parked without running them or using an attempt.",
+        HELD: "Deliveries an open circuit breaker held (parked, or kept by the fetch) without running them or using "
+              "an attempt.",
     }
 
 
@@ -137,9 +138,15 @@ def read(client: Any, keys: Keys | Sequence[Keys]) -> dict[tuple[str, Labels], i
     """
     counters: dict[tuple[str, Labels], int] = {}
     pipe = client.pipeline(transaction=False)
-    for keyset in ([keys] if isinstance(keys, Keys) else keys):
+    keysets = [keys] if isinstance(keys, Keys) else list(keys)
+    for keyset in keysets:
         pipe.hgetall(keyset.metrics)
-    rows = [(raw, value) for found in pipe.execute() for raw, value in (found or {}).items()]
+    pipe.hgetall(keysets[0].breaker_kept_total)   # what the fetch kept for breakers: breaker_held_total too
+    found_all = pipe.execute()
+    rows = [(raw, value) for found in found_all[:-1] for raw, value in (found or {}).items()]
+    for raw, value in (found_all[-1] or {}).items():
+        queue, _, task = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)).partition("\x1f")
+        rows.append((field(Metric.HELD, queue=queue, task=task), value))
     for raw, value in rows:
         key = _counter(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
         if key is not None:

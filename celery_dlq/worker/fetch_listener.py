@@ -280,7 +280,7 @@ class FetchListener(threading.Thread):
             part = ordered[start:start + BATCH]
             keys, args = [*part, *(self.watched[key] for key in part)], ["1" if force else ""]
             if self.holds:
-                keys += [self.keys.breaker_holds, self.keys.breaker_held_raw]
+                keys += [self.keys.breaker_holds, self.keys.breaker_held_raw, self.keys.breaker_kept_total]
                 args += [str(int(self.clock() * 1000)), *map(self.lists.queue_of, part)]
             marked, *kept = scripts.run("mark_queues", keys, args)
             self.signalled += int(marked)

@@ -247,7 +247,7 @@ class Channel(kombu_redis.Channel):
                 [k.quarantine(self._queue_of_key(key)) for key in keys] + \
                 [k.inflight(self._dlq_consumer), k.consumers] + \
                 markers + [k.fetch_queues, k.fetch_listening] + \
-                ([k.breaker_holds, k.breaker_held_raw] if self.fetch_context.holds else []) + \
+                ([k.breaker_holds, k.breaker_held_raw, k.breaker_kept_total] if self.fetch_context.holds else []) + \
                 list(self._dlq_moves.keys if self._dlq_moves else ())   # fetch_moves.py
             cached = self._dlq_key_cache[queues] = (keys, all_keys, markers)
         return cached

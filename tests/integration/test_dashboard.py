@@ -29,7 +29,7 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
     env = ops_env(harness.broker, q, harness.prefix)
     paused = dlq_cli(env, "pause", "proj.noop", "-Q", q, "--force")
     assert paused.returncode == 0, paused.stdout + paused.stderr
-    harness.send("proj.noop", args=(1,))       # held by the paused breaker
+    harness.send("proj.noop", args=(1,))       # held by the paused breaker (kept in Redis by the fetch)
     harness.send("proj.snoozes", kwargs={"times": 1})                         # snoozed_total
     failing = [harness.send("proj.always_fails", args=(i,)) for i in range(4)]
     harness.send("proj.park_long")
@@ -37,10 +37,10 @@ def test_every_panel_shows_data_from_a_real_worker_exporter_and_prometheus(harne
     stats, metrics = Keys(harness.prefix).stats, Keys(harness.prefix).metrics
     harness.wait_until(lambda: len(harness.dead_letters()) == 3 and harness.redis.hget(stats, Stat.TRIMMED) == b"1"
                        and harness.redis.hget(stats, Stat.DROPPED) == b"1"
-                       and harness.redis.zcard(Keys(harness.prefix).schedule) == 2
-                       and harness.redis.hget(metrics, field(Metric.HELD, queue=q, task="proj.noop"))
+                       and harness.redis.zcard(Keys(harness.prefix).schedule) == 1
+                       and harness.redis.hget(Keys(harness.prefix).breaker_kept_total, f"{q}\x1fproj.noop") == b"1"
                        and harness.redis.hget(metrics, field(Metric.SNOOZED, queue=q, task="proj.snoozes")),
-                       timeout=90, message="3 dead letters (1 trimmed), 1 dropped, 2 parked (1 held), 1 snoozed")
+                       timeout=90, message="3 dead letters (1 trimmed), 1 dropped, 1 parked, 1 held, 1 snoozed")
     left = [letter["headers"]["id"] for letter in harness.dead_letters()]
     assert set(left) < {r.id for r in failing}
     for args in (["purge", q, left[0], "--force"], ["replay", q, left[1], "--to", f"{q}.hold"]):

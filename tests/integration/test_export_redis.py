@@ -46,15 +46,16 @@ def test_events_trimmed_before_the_first_export_are_counted(real_redis, unique, 
     assert result.events_lost == 300 - result.rows > 0
 
 
-def test_snapshot_of_the_dlqs_and_the_export_command(redis_server, unique, tmp_path):
-    app = Celery("snap", broker=redis_server.url, set_as_current=False)
+def test_snapshot_of_the_dlqs_and_the_export_command(harness, unique, tmp_path):
+    """On a database of its own (the harness's): the snapshot lists every DLQ it finds."""
+    app = Celery("snap", broker=harness.broker, set_as_current=False)
     app.conf.dlq_key_prefix = f"snap{unique}"
     queue = f"q{unique}"
     dlq = install(app)
     env = Envelope(body=b'[[42], {}, {}]', content_type="application/json", content_encoding="utf-8",
                    headers={"task": "proj.charge", "id": f"id-{unique}"}, properties={}, exchange="",
                    routing_key=queue, queue=queue)
-    client = redis.Redis.from_url(redis_server.url)
+    client = redis.Redis.from_url(harness.broker)
     try:
         dlq.redis().dead_letter(env, delivery=3, policy=RedeliveryPolicy(), reason="max_delivery_attempts",
                         failure={"type": "ValueError", "message": "no", "traceback": ""}, worker="w")

@@ -156,7 +156,7 @@ def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float
                 keys.fetch_queues, keys.fetch_listening]
     hold = ["0"]
     if holds:
-        all_keys += [keys.breaker_holds, keys.breaker_held_raw]
+        all_keys += [keys.breaker_holds, keys.breaker_held_raw, keys.breaker_kept_total]
         hold = ["1", *(name.split("\x06\x16")[0] for name in lists)]
     return Scripts(client).run("fetch", all_keys, [len(lists), consumer if beat else "", len(queues),
                                                    int(now * 1000), "1" if register else "", *queues, *hold])
@@ -321,3 +321,17 @@ def test_a_hold_that_ran_out_or_another_queue_lets_the_delivery_through(any_redi
     assert fetch(any_redis, keys, [q], holds=False)[2] == b"ok"               # a fetch told not to hold
     any_redis.lpush(q, json.dumps({**m, "properties": {**m["properties"], "delivery_tag": "c"}}))
     assert fetch(any_redis, keys, [q], holds=True)[2] == b"none" and any_redis.zcard(keys.breaker_held_raw) == 1
+
+
+def test_what_the_fetch_kept_counts_in_breaker_held_total(any_redis, unique):
+    from celery_dlq.storage import totals
+
+    keys, q = Keys(f"f{unique}"), f"q{unique}"
+    m = celery_message(task_id="a", tag="a")
+    m["headers"]["task"] = "proj.pay"
+    any_redis.hset(keys.breaker_holds, f"{q}\x1fproj.pay", "9e15")
+    any_redis.lpush(q, json.dumps(m))
+    fetch(any_redis, keys, [q], holds=True)
+    totals.incr(any_redis, keys, totals.Metric.HELD, queue=q, task="proj.pay")   # and one a worker parked
+    counted = totals.read(any_redis, keys)
+    assert counted[(totals.Metric.HELD, (("queue", q), ("task", "proj.pay")))] == 2

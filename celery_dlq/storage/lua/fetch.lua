@@ -18,6 +18,7 @@
 -- KEYS[2n+4+m]        listening        (SET)  the queues a live fetch listener hears
 -- KEYS[2n+5+m]        breaker holds (HASH)  (only with ARGV[6+m] = "1") <queue>\x1f<task> -> held until (ms)
 -- KEYS[2n+6+m]        held deliveries (ZSET) (the same) <queue>\x1f<task>\x1f<element>, score 0
+-- KEYS[2n+7+m]        kept totals (HASH) (the same) <queue>\x1f<task> -> deliveries kept (breaker_held_total)
 -- KEYS[..]            (only with a move limit > 0) the parked store's keys, as move_due.lua takes them
 -- ARGV[1] = n, the number of queue lists
 -- ARGV[2] = this consumer: written to KEYS[2n+2] with ARGV[4] when a message is taken ("": its heartbeat
@@ -50,7 +51,7 @@ local extra = 6 + m
 local store = holds
 if hold then
   extra = extra + n
-  store = store + 2
+  store = store + 3
 end
 local moves = {}
 local limit = tonumber(ARGV[extra + 1] or '0')
@@ -118,7 +119,8 @@ local function take(i, element)
   if type(tag) == 'string' and tag ~= '' and type(info) == 'table'
       and type(info['exchange']) == 'string' and type(info['routing_key']) == 'string' then
     local headers = message['headers']
-    if hold and type(headers) == 'table' and breaker_keeps(KEYS[holds], KEYS[holds + 1], ARGV[6 + m + i],
+    if hold and type(headers) == 'table' and breaker_keeps(KEYS[holds], KEYS[holds + 1], KEYS[holds + 2],
+                                                           ARGV[6 + m + i],
                                                            headers['task'], raw, tonumber(ARGV[4])) then
       return nil
     end

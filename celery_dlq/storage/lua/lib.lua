@@ -197,8 +197,9 @@ local GIVEN_BACK = '{"x-dlq-redelivered":1,'
 
 -- Circuit breakers (storage/breakers.py): whether an open breaker holds `task` on `queue` at `now` (ms), as
 -- the holds hash says ("*" as the queue: every queue); if so the list element `raw` is kept, whole, in the
--- held deliveries (ZSET, score 0, "<queue>\31<task>\31<element>"), pushed back by release_held.lua.
-local function breaker_keeps(holds, held, queue, task, raw, now)
+-- held deliveries (ZSET, score 0, "<queue>\31<task>\31<element>"), pushed back by release_held.lua, and
+-- counted in `kept` (HASH "<queue>\31<task>" -> n).
+local function breaker_keeps(holds, held, kept, queue, task, raw, now)
     if type(task) ~= 'string' then
         return false
     end
@@ -207,6 +208,7 @@ local function breaker_keeps(holds, held, queue, task, raw, now)
         return false
     end
     redis.call('ZADD', held, 0, queue .. '\31' .. task .. '\31' .. raw)
+    redis.call('HINCRBY', kept, queue .. '\31' .. task, 1)
     return true
 end
 

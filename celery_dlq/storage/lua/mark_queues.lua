@@ -9,6 +9,7 @@
 -- KEYS[n+1..2n]   the wake marker of list i's queue (ZSET, at most one member)
 -- KEYS[2n+1]      breaker holds (HASH) (only with ARGV[2]) <queue>\x1f<task> -> held until (ms)
 -- KEYS[2n+2]      held deliveries (ZSET) (the same) <queue>\x1f<task>\x1f<element>, score 0
+-- KEYS[2n+3]      kept totals (HASH) (the same) <queue>\x1f<task> -> deliveries kept
 -- ARGV[1] = "1": mark every list's queue (a push was heard); "": only those whose list holds a message
 -- ARGV[2] = now (ms) where breakers hold in Redis; absent or "" otherwise
 -- ARGV[3..2+n] = (with ARGV[2]) the queue of list i
@@ -17,7 +18,7 @@
 local hold = ARGV[2] ~= nil and ARGV[2] ~= ''
 local n = #KEYS / 2
 if hold then
-  n = (#KEYS - 2) / 2
+  n = (#KEYS - 3) / 2
   hold = redis.call('EXISTS', KEYS[2 * n + 1]) == 1   -- no breaker holds anything: no list to look into
 end
 local marked = 0
@@ -29,7 +30,8 @@ for i = 1, n do
     local now = tonumber(ARGV[2])
     for _ = 1, 100 do
       local oldest = redis.call('LINDEX', KEYS[i], -1)
-      if not (oldest and breaker_keeps(KEYS[2 * n + 1], KEYS[2 * n + 2], ARGV[2 + i], element_task(oldest),
+      if not (oldest and breaker_keeps(KEYS[2 * n + 1], KEYS[2 * n + 2], KEYS[2 * n + 3], ARGV[2 + i],
+                                       element_task(oldest),
                                        oldest, now)) then
         break
       end
@@ -37,7 +39,8 @@ for i = 1, n do
       force = false   -- what is left decides
     end
   end
-  if force or redis.call('EXISTS', KEYS[i]) == 1 then
+  -- EXISTS first, whatever `force` says: reading the list is what arms its tracking for the next write.
+  if redis.call('EXISTS', KEYS[i]) == 1 or force then
     redis.call('ZADD', KEYS[n + i], 0, 'm')
     marked = marked + 1
   elseif heard then
