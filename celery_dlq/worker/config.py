@@ -120,6 +120,16 @@ class Config:
             return False
 
     @cached_property
+    def breakers(self) -> bool:
+        """Whether any policy level (configuration or task) sets ``breaker``: only then do the fetch scripts look
+        at what breakers hold (one command more per message), where the broker is the store."""
+        s = self.settings
+        levels = [s.default_policy, *(fields for _, fields in s.task_policies.items),
+                  *(fields for _, fields in s.queue_policies.items)]
+        levels += [fields for task in self.app.tasks.values() for _, fields in task_levels(task)]
+        return any(isinstance(fields, Mapping) and fields.get("breaker") for fields in levels)
+
+    @cached_property
     def lists(self) -> QueueLists:
         """Where kombu's Redis transport keeps each queue (priority sub-lists, ``global_keyprefix``)."""
         return QueueLists.of(self.app.conf.broker_transport_options)

@@ -88,7 +88,7 @@ class MoverThread(threading.Thread):
             lists = self.config.lists
             self.listener = FetchListener(lambda: listener_client(url),
                                           Keys(self.config.settings.key_prefix, lists.global_keyprefix), lists,
-                                          holds=self.config.direct)
+                                          holds=self.config.direct and self.config.breakers)
             self.listener.start()
 
     def stop(self, timeout: float = 10.0) -> None:

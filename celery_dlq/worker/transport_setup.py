@@ -57,7 +57,7 @@ class FetchContext:
     def of(cls, config: Config, redis: Callable[[], Connections], moved: MoveTally) -> FetchContext:
         settings = config.settings
         return cls(settings.key_prefix, settings.fetch_wait, settings.fetch_listener, settings.inflight_lease,
-                   fetch_moves(settings, config.direct), moved, config, redis, config.direct)
+                   fetch_moves(settings, config.direct), moved, config, redis, config.direct and config.breakers)
 
     def policy(self, queue: str) -> RedeliveryPolicy:
         """The policy of ``queue`` for a message that names no task (an invalid one): where it is dead-lettered."""

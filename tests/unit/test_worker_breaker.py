@@ -125,3 +125,26 @@ def test_successes_count_in_memory_and_keep_a_busy_task_closed(world):
     for i in range(3):
         breakers.failed(f"f{i}", ctx(f"f{i}", policy=policy), FAIL)
     assert dispatcher.sent == [] and breakers.store().all()[0].successes == 10
+
+
+def test_the_fetch_looks_at_breakers_only_where_a_policy_sets_one():
+    from celery import Celery
+
+    from celery_dlq.worker.config import Config
+
+    def app(**conf):
+        a = Celery("b", broker="redis://localhost/0", set_as_current=False)
+        a.conf.update(conf)
+        return a
+
+    assert not Config(app()).breakers
+    assert Config(app(dlq_task_policies={"shop.*": {"breaker": True}})).breakers
+    assert Config(app(dlq_queue_policies={"orders": {"breaker": "manual"}})).breakers
+    assert not Config(app(dlq_default_policy={"breaker": False})).breakers
+    on_task = app()
+
+    @on_task.task(name="shop.charge", redelivery_policy={"breaker": True})
+    def charge():
+        return None
+
+    assert Config(on_task).breakers
