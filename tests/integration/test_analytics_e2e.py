@@ -37,7 +37,7 @@ def dlq(harness, *args: str, timeout: float = 120) -> subprocess.CompletedProces
 
 def export(harness, archive) -> dict:
     proc = dlq(harness, "export", "--out", str(archive), "--json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"
     return json.loads(proc.stdout)
 
 
