@@ -67,7 +67,7 @@ class BreakerControls:
         """What the fetch holds of the breaker's task on its queue (every queue for ``*``); 0 once closed."""
         if s.state == B.CLOSED:
             return 0
-        return sum(self.store.held_in_fetch(None if s.queue == B.ANY_QUEUE else s.queue, s.task).values())
+        return sum(self.store.held_in_fetch(s.queue, s.task).values())
 
     def pause(self, task: str, *, queue: str | None = None, group: str | None = None,
               actor: Actor | None = None) -> BreakerRow:
@@ -107,8 +107,8 @@ class BreakerControls:
         """Push back at once what the fetch held of ``task`` on ``queue`` (``*``: every queue), onto each queue's
         lowest-priority list: the queue's other traffic goes first."""
         released = 0
-        for (q, t), _ in self.store.held_in_fetch(None if queue == B.ANY_QUEUE else queue, task).items():
-            target = self.backend.lists.key(q, 9)
+        for (q, t), _ in self.store.held_in_fetch(queue, task).items():
+            target = self.backend.lists.lowest(q)
             while (n := self.store.release_held(q, t, target)) > 0:
                 released += n
         return released

@@ -197,8 +197,10 @@ class Breakers:
         return self.apply(queue, group, lambda s: B.close(s, now) if s.state != B.CLOSED else None)
 
     def held_in_fetch(self, queue: str | None = None, task: str | None = None) -> dict[tuple[str, str], int]:
-        """How many deliveries the fetch holds, per (queue, task) (of ``queue`` and ``task`` only, if given)."""
+        """How many deliveries the fetch holds, per (queue, task) (of ``queue`` and ``task`` only, if given;
+        ``*`` as the queue: every queue)."""
         out: dict[tuple[str, str], int] = {}
+        queue = None if queue == B.ANY_QUEUE else queue
         key = self.keys.breaker_held_raw
         start = b"-" if queue is None else b"[" + _prefix(queue, task)
         while True:

@@ -331,6 +331,10 @@ class QueueLists:
         step = self.steps[bisect(self.steps, priority) - 1]
         return self.global_keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
 
+    def lowest(self, queue: str) -> str:
+        """The list of ``queue`` a fetch takes last (its lowest priority): where held deliveries go back."""
+        return self.key(queue, 9)
+
     def groups(self, dlq: str) -> str:
         """HASH: the failure groups of DLQ ``dlq`` (``redis/groups.py`` lists its fields), next to its lists on the
         broker, so the Lua script that pushes or removes a dead letter counts it in the same step."""

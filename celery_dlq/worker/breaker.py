@@ -40,7 +40,6 @@ from typing import Any
 from celery_dlq.fingerprint import failure_group
 from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breakers import Breakers, Change, Summary, summaries_for
-from celery_dlq.storage.keys import QueueLists
 from celery_dlq.worker.config import Config, MessageContext
 from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.park import Parking
@@ -208,8 +207,7 @@ class WorkerBreakers:
         return True
 
     def _release(self, closed: B.BreakerState, rate: float, max_rate: float) -> None:
-        queue = None if closed.queue == B.ANY_QUEUE else closed.queue
-        for q, task in self.store().held_in_fetch(queue, closed.task):
+        for q, task in self.store().held_in_fetch(closed.queue, closed.task):
             self.start_release(q, task, rate, max_rate)
         try:
             n = self.store().release(self.redis().sharded, closed.queue, closed.group, rate, max_rate)
@@ -249,7 +247,7 @@ class WorkerBreakers:
         (a lock with a TTL); returns how many it pushed back."""
         redis = self.redis()
         store, lock, me = self.store(), redis.keys.breaker_release(queue, task), f"{self.hostname}:{id(self)}"
-        target = QueueLists.of(self.config.app.conf.broker_transport_options).key(queue, 9)
+        target = self.config.lists.lowest(queue)
         done = 0
         try:
             if not redis.client.set(lock, me, nx=True, px=RELEASE_LOCK_MS):
