@@ -268,6 +268,12 @@ class Keys:
         return self.base + ":wake"
 
     @property
+    def due_wake_until(self) -> str:
+        """STRING, expiring: until when (ms) the moving worker blocks on :attr:`due_wake`; ``park.lua`` writes
+        the marker for an entry due sooner (without it: for an entry that becomes the earliest due)."""
+        return self.base + ":wake:until"
+
+    @property
     def mover_lease(self) -> str:
         """STRING, expiring: the id of the one worker that moves due entries and runs the fetch listener
         (home set only; ``redis/lease.py``)."""

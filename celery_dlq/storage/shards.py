@@ -181,8 +181,8 @@ class ShardedStore:
             by_queue.update(_text(queue) for queue in queues if queue is not None)
         return total, by_queue
 
-    def next_due(self) -> float | None:
-        due = [d for d in (shard.store.next_due() for shard in self.all) if d is not None]
+    def next_due(self, claims_recheck: float | None = None) -> float | None:
+        due = [d for d in (shard.store.next_due(claims_recheck) for shard in self.all) if d is not None]
         return min(due) if due else None
 
     def stats(self) -> dict[str, int]:

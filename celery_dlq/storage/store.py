@@ -182,7 +182,8 @@ class ParkedStore:
             args += [name, value]
         result = int(self._scripts.run(
             "park", (*self.keys.store_keys(), self.keys.stats, self.keys.events, self.keys.metrics,
-                     self.keys.expiries, self.keys.trends, self.keys.due_wake, *ack_keys),
+                     self.keys.expiries, self.keys.trends, self.keys.due_wake, self.keys.due_wake_until,
+                     *ack_keys),
             args))
         if result == 2:
             logger.warning("celery-dlq: parked %s but could not archive its event in %s", entry_id,
@@ -382,12 +383,16 @@ class ParkedStore:
         return {_text(queue): int(n)
                 for queue, n in self.client.hgetall(self.keys.parked).items()}
 
-    def next_due(self) -> float | None:
+    def next_due(self, claims_recheck: float | None = None) -> float | None:
         """When the next claim would find something (unix seconds), or None.
 
         That is the earliest due time, or an earlier lease expiry, since an
-        expired lease makes its entry due again.
+        expired lease makes its entry due again. With ``claims_recheck`` a
+        lease counts as ending within that many seconds: another mover's
+        claims (an earlier release's, in a rolling deploy) may come back
+        early, due again without a wake marker.
         """
         k = self.keys
-        score = self._scripts.run("next_due", [k.schedule, k.leases], [])
+        until = "" if claims_recheck is None else to_ms(self.clock() + claims_recheck)
+        score = self._scripts.run("next_due", [k.schedule, k.leases], [until])
         return None if score is None else int(float(score)) / 1000

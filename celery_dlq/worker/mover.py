@@ -121,7 +121,7 @@ class MoverThread(threading.Thread):
                     started = time.monotonic()
                     self.move_due()
                     turns.passed(started)
-                turns.wait_for_due(sharded.next_due, len(sharded.all) == 1)
+                turns.wait_for_due(lambda: sharded.next_due(self.interval), len(sharded.all) == 1)
                 wait = 0.0
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))

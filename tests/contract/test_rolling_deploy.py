@@ -7,7 +7,8 @@ the old release's mover, failing on a direct-format entry it claimed, gives
 back a batch it had partly published, so some moved deliveries (2 and 3) run
 twice: at least once, and the first delivery still exactly once, as
 tests/integration/test_fast_path.py and docs/versions.md say; the duplicates
-are counted and printed. The old
+are counted, printed and bounded (the new mover takes what the old one gives
+back once it is due). The old
 worker is celery-dlq at the last commit before the direct parking format (the
 release users upgrade from), unpacked from the checkout's git history; it
 runs on the session's Celery, kombu and redis-py like the new one.
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.contract, pytest.mark.integration]
 #: The last commit before the direct format (tests/integration/test_fast_path.py's previous release).
 OLD = "0286e091ca39645166604ef784b4d96d91e649b4"
 TASKS = 200
+#: At most this many duplicated deliveries without publish batches (0 to 27 in 29 sessions, 4 to 21 in ten runs).
+MAX_DUPLICATED = 60
 
 
 @pytest.fixture
@@ -77,8 +80,12 @@ def test_a_rolling_deploy_loses_nothing_and_duplicates_only_without_publish_batc
     else:
         assert {tuple(sorted(set(seen[i]))) for i in ids} == {(1, 2, 3)}, f"lost or skipped: {runs}"
         assert all(seen[i].count(1) == 1 for i in ids), f"a first delivery (never moved) ran twice: {runs}"
-        print(f"\nrolling deploy without Producer.batch: {sum(len(seen[i]) - 3 for i in ids)} duplicated "
-              f"deliveries of {3 * TASKS}")
+        duplicated = sum(len(seen[i]) - 3 for i in ids)
+        print(f"\nrolling deploy without Producer.batch: {duplicated} duplicated deliveries of {3 * TASKS}")
+        # The new mover moves what the old one gave back as soon as it is due: it is woken by the new worker's
+        # parks though the old worker's sit ahead of them (park.lua, due_wake_until). Before that it slept
+        # up to a minute while the old mover republished the same batch every 5 s: 79 to 601 of 600.
+        assert duplicated <= MAX_DUPLICATED, f"{duplicated} duplicated deliveries: the new mover left the old one alone"
         # A duplicate that ran late may have parked a copy of its own since: it runs in its turn.
         harness.wait_until(lambda: store.count() == 0, timeout=60, message="the late duplicates' copies ran")
     assert store.count() == 0

@@ -89,7 +89,8 @@ def test_a_park_settles_its_message_in_flight_and_a_given_back_one_parks_nothing
     inflight.give_back("c1", cutoff_ms=2_000_000, forget=True)
     assert not store.park("b:2", b"payload-b", q, due=1.0, ack=([keys.inflight("c1")], "t2"))
     assert store.count() == 1 and client.llen(q) == 1
-    client.delete(*keys.store_keys(), keys.stats, keys.events, keys.metrics, keys.trends, keys.due_wake)
+    client.delete(*keys.store_keys(), keys.stats, keys.events, keys.metrics, keys.trends, keys.due_wake,
+                 keys.due_wake_until)
 
 
 def test_previous_runs_are_this_hosts_consumers_whose_process_is_gone():

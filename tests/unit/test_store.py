@@ -285,6 +285,18 @@ def test_next_due(store):
     assert store.next_due() == T0 + 150
 
 
+def test_next_due_counts_another_movers_claims_as_ending_within_the_recheck(store):
+    """A claim an earlier release's mover holds may come back early without a wake marker: the holder looks again."""
+    store.park("e1", b"p", "q", due=T0 + 50)
+    store.park("e2", b"p", "q", due=T0 + 20)
+    store.claim_due(now=T0 + 21, lease=30)      # e2 leased until T0 + 51
+    now = store.clock()
+    assert store.next_due(claims_recheck=0.2) == now + 0.2
+    assert store.next_due() == T0 + 50
+    store.claim_due(now=T0 + 60, lease=30)      # e1 claimed too; nothing waits
+    assert store.next_due(claims_recheck=0.2) == now + 0.2
+
+
 # -- iteration -----------------------------------------------------------------
 
 def test_entries_iterates_over_more_than_a_batch_in_order(store):

@@ -10,8 +10,10 @@
 -- KEYS[8] = metrics   (HASH) the exporter's counters: ARGV[7] is raised by one per park
 -- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
 -- KEYS[10] = trends   (HASH) parks per minute and hour of ARGV[3]'s queue (lib.lua, trend_add; ARGV[9])
--- KEYS[11] = wake     (ZSET) the moving worker's wake-up marker: written when this entry is the earliest due
--- KEYS[12] = in flight (HASH) the consumer's fetched, unsettled messages (only with ARGV[6]; redis/inflight.py)
+-- KEYS[11] = wake     (ZSET) the moving worker's wake-up marker: written when this entry is due before KEYS[12]
+-- KEYS[12] = wake until (STRING) until when (ms) the moving worker blocks on KEYS[11]; absent: the marker is
+--            written when this entry becomes the earliest due
+-- KEYS[13] = in flight (HASH) the consumer's fetched, unsettled messages (only with ARGV[6]; redis/inflight.py)
 --
 -- ARGV[1] = entry_id
 -- ARGV[2] = payload (opaque bytes)
@@ -36,7 +38,7 @@
 
 local id = ARGV[1]
 if ARGV[6] and ARGV[6] ~= '' then   -- parked now or before: either way the consumed message is settled
-    local held = redis.call('HDEL', KEYS[12], ARGV[6])
+    local held = redis.call('HDEL', KEYS[13], ARGV[6])
     if held == 0 and not (redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
             or redis.call('HEXISTS', KEYS[3], id) == 1) then
         -- The consumed message is no longer this consumer's: given back to its queue (its heartbeat stopped
@@ -54,8 +56,15 @@ if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue i
     redis.call('HSET', KEYS[4], id, ARGV[3])
 end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
-if redis.call('ZRANGE', KEYS[1], 0, 0)[1] == id then
-    -- the earliest due now: the moving worker may be waiting for a later one (it blocks on this marker)
+-- The moving worker blocks on the marker until KEYS[12]: an entry due sooner wakes it. Compared with what it
+-- waits for, not with the head, which an earlier release's worker may have parked without the marker.
+local wake_until = redis.call('GET', KEYS[12])
+if wake_until then
+    if tonumber(ARGV[4]) < tonumber(wake_until) then
+        redis.call('ZADD', KEYS[11], 0, 'due')
+        redis.call('DEL', KEYS[12])
+    end
+elseif redis.call('ZRANGE', KEYS[1], 0, 0)[1] == id then
     redis.call('ZADD', KEYS[11], 0, 'due')
 end
 if ARGV[8] and ARGV[8] ~= '' then
