@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The version contract's CI diagonal (noxfile.py, docs/versions.md): the built wheel's contract suite on every
-# Celery minor (Python 3.11), every Python (newest Celery) and the floor session (Python 3.10, celery 5.4.0,
-# kombu 5.4.0, redis-py 5.0.0, billiard 4.2.0). One command from a fresh machine: installs nox and uv into .nox/tools when they
+# The version contract's CI diagonal (noxfile.py, docs/versions.md): the built wheel's contract suite on each
+# Python and each Celery minor once, and the floor session (Python 3.10, celery 5.4.0, kombu 5.4.0,
+# redis-py 5.0.0, billiard 4.2.0). One command from a fresh machine: installs nox and uv into .nox/tools when they
 # are missing, then runs the sessions CONTRACT_JOBS at a time (default 2) and fails if any session failed.
 #
 #   scripts/contract.sh                      # the diagonal (what CI runs)

@@ -269,8 +269,8 @@ class Keys:
 
     @property
     def due_wake_until(self) -> str:
-        """STRING, expiring: until when (ms) the moving worker blocks on :attr:`due_wake`; ``park.lua`` writes
-        the marker for an entry due sooner (without it: for an entry that becomes the earliest due)."""
+        """STRING, expiring: the earliest due time (ms) the moving worker read at its last look; ``park.lua``
+        writes :attr:`due_wake` for an entry due sooner (without it: for an entry that becomes the earliest)."""
         return self.base + ":wake:until"
 
     @property

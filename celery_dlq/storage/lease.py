@@ -14,7 +14,6 @@ seconds; Redis holds milliseconds.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery_dlq.storage.keys import Keys
@@ -71,14 +70,8 @@ class MoverLease:
             self._scripts.run("heartbeat", [self.keys.mover_lease], [self.ident, self.ttl_ms, "release"])
 
     def wait_for_due(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds on the home set's wake marker; True if woken.
-
-        First says until when (``due_wake_until``): ``park.lua`` writes the
-        marker for an entry due before then, whatever else is parked.
-        """
-        timeout = max(0.01, timeout)
-        self.client.set(self.keys.due_wake_until, to_ms(time.time() + timeout), px=to_ms(timeout) + 1000)
-        return self.blocking.bzpopmin(self.keys.due_wake, timeout=timeout) is not None
+        """Block up to ``timeout`` seconds on the home set's wake marker (``park.lua`` writes it); True if woken."""
+        return self.blocking.bzpopmin(self.keys.due_wake, timeout=max(0.01, timeout)) is not None
 
     def wake(self) -> None:
         """Write the wake marker (a stopping holder ends its own wait this way)."""

@@ -181,7 +181,10 @@ class ShardedStore:
             by_queue.update(_text(queue) for queue in queues if queue is not None)
         return total, by_queue
 
-    def next_due(self, claims_recheck: float | None = None) -> float | None:
+    def next_due(self, claims_recheck: float | None = None, announce: float | None = None) -> float | None:
+        """The earliest over every shard; ``announce`` only with one shard (the worker blocks on its marker)."""
+        if len(self.all) == 1:
+            return self.all[0].store.next_due(claims_recheck, announce)
         due = [d for d in (shard.store.next_due(claims_recheck) for shard in self.all) if d is not None]
         return min(due) if due else None
 

@@ -383,16 +383,15 @@ class ParkedStore:
         return {_text(queue): int(n)
                 for queue, n in self.client.hgetall(self.keys.parked).items()}
 
-    def next_due(self, claims_recheck: float | None = None) -> float | None:
-        """When the next claim would find something (unix seconds), or None.
-
-        That is the earliest due time, or an earlier lease expiry, since an
-        expired lease makes its entry due again. With ``claims_recheck`` a
-        lease counts as ending within that many seconds: another mover's
-        claims (an earlier release's, in a rolling deploy) may come back
-        early, due again without a wake marker.
+    def next_due(self, claims_recheck: float | None = None, announce: float | None = None) -> float | None:
+        """When the next claim would find something (unix seconds), or None: the earliest due time or lease
+        expiry. ``claims_recheck``: a lease (another mover's claims; an earlier release's gives them back
+        early, without the marker) counts as ending within that many seconds. ``announce``: the moving
+        worker's look, also written (kept that many seconds) for ``park.lua`` to wake it for a sooner entry.
         """
-        k = self.keys
-        until = "" if claims_recheck is None else to_ms(self.clock() + claims_recheck)
-        score = self._scripts.run("next_due", [k.schedule, k.leases], [until])
+        k, until = self.keys, "" if claims_recheck is None else to_ms(self.clock() + claims_recheck)
+        keys, args = [k.schedule, k.leases], [until]
+        if announce is not None:
+            keys, args = [*keys, k.due_wake_until], [until, to_ms(announce)]
+        score = self._scripts.run("next_due", keys, args)
         return None if score is None else int(float(score)) / 1000

@@ -40,7 +40,7 @@ from celery_dlq.worker.connections import Connections
 from celery_dlq.worker.fetch_listener import FetchListener
 from celery_dlq.worker.heartbeat import Heartbeat
 from celery_dlq.worker.inflight import Beats
-from celery_dlq.worker.mover_turns import MAX_BLOCK, MoverTurns
+from celery_dlq.worker.mover_turns import MAX_BLOCK, REFRESH, MoverTurns
 from celery_dlq.worker.runtime import Runtime
 from celery_dlq.worker.transport_setup import uses_fetch
 
@@ -121,7 +121,7 @@ class MoverThread(threading.Thread):
                     started = time.monotonic()
                     self.move_due()
                     turns.passed(started)
-                turns.wait_for_due(lambda: sharded.next_due(self.interval), len(sharded.all) == 1)
+                turns.wait_for_due(lambda: sharded.next_due(self.interval, 2 * REFRESH), len(sharded.all) == 1)
                 wait = 0.0
             except Exception:
                 wait = min(MAX_BACKOFF, max(wait * 2, self.interval))

@@ -7,8 +7,10 @@ takes a free lease, so whichever workers die, a survivor moves within
 earliest due time from its last pass and blocks on the store's wake marker
 (``BZPOPMIN``) until shortly before it; a park of an earlier entry
 (``park.lua``) or an operator's "redeliver now" writes the marker and wakes
-it at once; claims another mover holds (a worker of an earlier release, in
-a rolling deploy, gives them back early without the marker) count as due
+it at once: its look writes the earliest due time it read, and a park due
+sooner writes the marker, whatever else is parked (a worker of an earlier
+release, in a rolling deploy, parks without the marker). Claims another
+mover holds (that release gives them back early, silently) count as due
 within ``dlq_mover_interval``. Redis ends a blocking command's timeout on its 10 Hz cron, up
 to ~100 ms late, so the last :data:`EARLY` seconds are slept locally. Every
 other worker's mover thread waits for the lease without a command. With

@@ -11,8 +11,8 @@
 -- KEYS[9] = expiries  (HASH) entry_id -> when the message expires (ms): written with ARGV[8]
 -- KEYS[10] = trends   (HASH) parks per minute and hour of ARGV[3]'s queue (lib.lua, trend_add; ARGV[9])
 -- KEYS[11] = wake     (ZSET) the moving worker's wake-up marker: written when this entry is due before KEYS[12]
--- KEYS[12] = wake until (STRING) until when (ms) the moving worker blocks on KEYS[11]; absent: the marker is
---            written when this entry becomes the earliest due
+-- KEYS[12] = wake until (STRING) the earliest due time (ms) the moving worker read at its last look (next_due.lua);
+--            absent: the marker is written when this entry becomes the earliest due
 -- KEYS[13] = in flight (HASH) the consumer's fetched, unsettled messages (only with ARGV[6]; redis/inflight.py)
 --
 -- ARGV[1] = entry_id
@@ -56,13 +56,12 @@ if not direct_parts(ARGV[2]) then   -- a direct-format payload names its queue i
     redis.call('HSET', KEYS[4], id, ARGV[3])
 end
 redis.call('ZADD', KEYS[1], ARGV[4], id)
--- The moving worker blocks on the marker until KEYS[12]: an entry due sooner wakes it. Compared with what it
--- waits for, not with the head, which an earlier release's worker may have parked without the marker.
+-- The moving worker waits for the earliest due time it read (KEYS[12]): an entry due sooner wakes it. Compared
+-- with what it waits for, not with the head, which an earlier release's worker may have parked without the marker.
 local wake_until = redis.call('GET', KEYS[12])
 if wake_until then
     if tonumber(ARGV[4]) < tonumber(wake_until) then
         redis.call('ZADD', KEYS[11], 0, 'due')
-        redis.call('DEL', KEYS[12])
     end
 elseif redis.call('ZRANGE', KEYS[1], 0, 0)[1] == id then
     redis.call('ZADD', KEYS[11], 0, 'due')
