@@ -52,6 +52,7 @@ class Worker:
                  cwd: Path = ROOT):
         self.env, self.concurrency, self.name, self.log_path, self.cwd = env, concurrency, name, log_path, cwd
         self.proc: subprocess.Popen | None = None
+        self._terminated = False
 
     @staticmethod
     def root() -> Path:
@@ -59,7 +60,7 @@ class Worker:
         return ROOT
 
     def start(self, wait_ready: bool = True) -> "Worker":
-        self._log = open(self.log_path, "ab")
+        self._log, self._terminated = open(self.log_path, "ab"), False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", self.app, "worker",
              "-P", self.pool, "-c", str(self.concurrency), "-Q", self.env["DLQ_TEST_QUEUE"],
@@ -82,9 +83,16 @@ class Worker:
                 raise AssertionError(f"worker never logged {text!r}:\n{self.log()[-4000:]}")
             time.sleep(0.1)
 
+    def terminate(self) -> None:
+        """Begin a warm shutdown; :meth:`stop` then waits for it (workers of one test shut down side by side)."""
+        if self.proc and self.proc.poll() is None and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if not (sig == signal.SIGTERM and self._terminated):
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -206,6 +214,8 @@ class Harness:
             time.sleep(0.05)
 
     def close(self) -> None:
+        for worker in self.workers:
+            worker.terminate()
         for worker in self.workers:
             worker.stop()
         self.redis.flushdb()  # this test's own database only
