@@ -2,7 +2,7 @@
 """Run a subset of Celery's own integration suite twice: plain, and with every task a ``RedeliveryTask``.
 
     python scripts/celery_suite.py [--suite tasks|canvas] [--tests t/integration/test_tasks.py ...] [-k EXPR]
-                                   [--workdir DIR]
+                                   [--chord-rule wait|fail|continue] [--side both|plain|dlq] [--workdir DIR]
 
 Downloads the sdist of the Celery version installed here (the suite ships in
 it, under ``t/integration``), makes a virtualenv in the work directory with
@@ -12,12 +12,16 @@ two copies of the tree: as shipped, and with a ``celery_parameters`` fixture
 that makes ``celery_dlq:RedeliveryTask`` the app's task class (every
 ``@shared_task`` then is one, and ``install()`` runs when they bind). Prints
 each side's counts and every test whose outcome differs, and writes them
-with the run's date and commit to ``<workdir>/<suite>-summary.json``
+with the run's date and commit to ``<workdir>/<suite>-<tree>-<side>-summary.json``
 (docs/celery-suite.md). ``--suite canvas`` runs ``t/integration/test_canvas.py``
 without the suite's reruns of flaky tests (``-p no:rerunfailures``, both
 sides): under the default chord rule ``wait`` a chord whose member fails for
 good stays open, and each rerun would wait out the test's timeout again.
-Not part of ``scripts/test.sh``: each suite takes tens of minutes.
+``--chord-rule`` makes every task's policy set that chord rule (its own tree,
+``dlq-<rule>``). ``--side`` runs one side only and compares it with the other
+side's report from an earlier run in the same work directory, if there is one
+(two invocations, one per side, may run at once once the first has made the
+virtualenv). Not part of ``scripts/test.sh``: each suite takes tens of minutes.
 """
 from __future__ import annotations
 
@@ -46,6 +50,21 @@ SHIM = '''
 def celery_parameters():
     return {"task_cls": "celery_dlq:RedeliveryTask"}
 '''
+#: The shim under ``--chord-rule``: every task a RedeliveryTask whose policy sets that rule.
+RULE_SHIM = '''
+
+# --- added by celery-dlq's scripts/celery_suite.py: every task a RedeliveryTask, chord rule {rule!r} ---
+import celery_dlq
+
+
+class SuiteTask(celery_dlq.RedeliveryTask):
+    redelivery_policy = {{"chord_rule": {rule!r}}}
+
+
+@pytest.fixture(scope='session')
+def celery_parameters():
+    return {{"task_cls": SuiteTask}}
+'''
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -58,7 +77,7 @@ def celery_version() -> str:
     return celery.__version__
 
 
-def prepare(workdir: Path) -> tuple[Path, Path, Path]:
+def prepare(workdir: Path, rule: str | None) -> tuple[Path, Path, Path]:
     """(venv python, plain tree, celery-dlq tree)."""
     version = celery_version()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -67,16 +86,16 @@ def prepare(workdir: Path) -> tuple[Path, Path, Path]:
         run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
              f"celery=={version}", "-d", str(workdir)])
     trees = []
-    for name in ("plain", "dlq"):
+    for name in ("plain", f"dlq-{rule}" if rule else "dlq"):
         tree = workdir / name
         if not tree.exists():
             with tarfile.open(sdist) as tar:
                 tar.extractall(workdir / f"_{name}", filter="data")
             shutil.move(str(workdir / f"_{name}" / f"celery-{version}"), tree)
             shutil.rmtree(workdir / f"_{name}")
-            if name == "dlq":
+            if name != "plain":
                 conftest = tree / "t" / "integration" / "conftest.py"
-                conftest.write_text(conftest.read_text() + SHIM)
+                conftest.write_text(conftest.read_text() + (RULE_SHIM.format(rule=rule) if rule else SHIM))
         trees.append(tree)
     venv = workdir / ".venv"
     python = venv / "bin" / "python"
@@ -107,10 +126,13 @@ def main() -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), default="tasks")
     parser.add_argument("--tests", nargs="+", default=None, help="instead of the suite's files")
     parser.add_argument("-k", dest="keyword", default=None)
+    parser.add_argument("--chord-rule", choices=["wait", "fail", "continue"], default=None,
+                        help="every task's policy sets this chord rule (default: the policy's default, wait)")
+    parser.add_argument("--side", choices=["both", "plain", "dlq"], default="both")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".celery-suite")
     args = parser.parse_args()
     tests = args.tests or SUITES[args.suite]
-    python, plain, dlq = prepare(args.workdir)
+    python, plain, dlq = prepare(args.workdir, args.chord_rule)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -121,8 +143,13 @@ def main() -> int:
     results, counts = {}, {}
     try:
         for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
-            subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
             junit = args.workdir / f"{args.suite}-{tree.name}.xml"
+            if args.side not in ("both", "plain" if tree is plain else "dlq"):
+                if junit.exists():   # the other side's report from an earlier run
+                    results[name] = outcomes(junit)
+                    print(f"{name}: read from {junit}", flush=True)
+                continue
+            subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
             env = {"TEST_BROKER": f"redis://127.0.0.1:{port}/0", "TEST_BACKEND": f"redis://127.0.0.1:{port}/1",
                    "PATH": "/usr/bin:/bin:/usr/local/bin"}
             cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "celery.contrib.pytest",
@@ -137,14 +164,17 @@ def main() -> int:
             print(f"{name}: {counts[name]}", flush=True)
     finally:
         server.terminate()
-    plain_r, dlq_r = results["plain"], results["RedeliveryTask"]
-    differ = sorted(t for t in set(plain_r) | set(dlq_r) if plain_r.get(t) != dlq_r.get(t))
+    plain_r, dlq_r = results.get("plain", {}), results.get("RedeliveryTask", {})
+    differ = sorted(t for t in set(plain_r) | set(dlq_r) if plain_r.get(t) != dlq_r.get(t)) \
+        if plain_r and dlq_r else []
     print(f"\n{len(differ)} test(s) differ:")
     for test in differ:
         print(f"  {test}: plain {plain_r.get(test)}, RedeliveryTask {dlq_r.get(test)}")
     summary = {"suite": args.suite, "tests": tests, "date": date, "commit": commit, "celery": celery_version(),
-               "counts": counts, "differ": {t: [plain_r.get(t), dlq_r.get(t)] for t in differ}}
-    (args.workdir / f"{args.suite}-summary.json").write_text(json.dumps(summary, indent=1))
+               "chord_rule": args.chord_rule, "side": args.side, "counts": counts,
+               "differ": {t: [plain_r.get(t), dlq_r.get(t)] for t in differ}}
+    name = f"{args.suite}-{dlq.name}-{args.side}-summary.json"
+    (args.workdir / name).write_text(json.dumps(summary, indent=1))
     return 0
 
 

@@ -300,9 +300,9 @@ def test_a_chain_in_a_chord_header_waits_for_its_dead_lettered_first_step(any_ba
     assert errbacks(h) == []
 
 
-def test_a_chord_in_a_chain_goes_on_after_the_replay(chords):
+def test_a_chord_in_a_chain_goes_on_after_the_replay(any_backend):
     """chain(noop, chord([noop, fixed_by_flag], tsum), noop): the chain after the chord runs once."""
-    h = chords
+    h = any_backend
     h.worker()
     sig = h.app.signature
     res = chain(sig("proj.noop", args=(1,)),
@@ -318,8 +318,8 @@ def test_a_chord_in_a_chain_goes_on_after_the_replay(chords):
     assert body_runs(h) == [[2, 1]]
 
 
-def test_a_chord_whose_body_is_dead_lettered_replays_the_body_with_the_header_results(chords):
-    h = chords
+def test_a_chord_whose_body_is_dead_lettered_replays_the_body_with_the_header_results(any_backend):
+    h = any_backend
     h.worker()
     sig = h.app.signature
     res = chord([sig("proj.noop", args=(i,)) for i in range(3)])(sig("proj.fixed_by_flag"))
@@ -331,8 +331,8 @@ def test_a_chord_whose_body_is_dead_lettered_replays_the_body_with_the_header_re
     assert [r["args"] for r in h.deliveries(res.id)] == [[[0, 1, 2]]] * 3
 
 
-def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
-    h = chords
+def test_a_group_of_chains_each_goes_on_after_its_replay(any_backend):
+    h = any_backend
     h.worker()
     sig = h.app.signature
     from celery import group
@@ -340,6 +340,26 @@ def test_a_group_of_chains_each_goes_on_after_its_replay(chords):
     h.wait_until(lambda: len(h.dead_letters()) == 2, message="both middle steps dead-lettered")
     replay(h)
     assert res.get(timeout=30) == [1, 1]
+
+
+def test_a_chord_in_a_chord_header_waits_for_its_dead_lettered_member(any_backend):
+    """chord([noop, chord([noop, fixed_by_flag], tsum)], tsum): the inner chord waits for its member's
+    replay, the outer for the inner's body; after the replay each body runs once."""
+    h = any_backend
+    h.worker()
+    sig = h.app.signature
+    inner = chord([sig("proj.noop", args=(2,)), sig("proj.fixed_by_flag", args=(99,))], sig("proj.tsum"))
+    res = chord([sig("proj.noop", args=(1,)), inner])(sig("proj.tsum").on_error(sig("proj.chord_failed")))
+    result = h.app.AsyncResult(res.id)
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the inner chord's member dead-lettered")
+    member = h.dead_letters()[0]["headers"]["id"]
+    h.wait_until(lambda: member_state(h, member) == "waiting", message="the inner chord waits")
+    settled(h, member, 2)
+    assert body_runs(h) == [] and errbacks(h) == []
+    replay(h)
+    assert result.get(timeout=30) == 1 + (2 + 1)
+    assert sorted(body_runs(h)) == [[1, 3], [2, 1]]   # each body once: the inner's, then the outer's
+    assert errbacks(h) == []
 
 
 @pytest.mark.skipif(celery.VERSION < (5, 7), reason="the copy's second part return is dropped by Celery "
