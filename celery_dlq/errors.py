@@ -1,7 +1,7 @@
 """Every exception celery-dlq raises, under one root, so callers can catch everything of ours."""
 from __future__ import annotations
 
-from celery.exceptions import ImproperlyConfigured
+from celery.exceptions import ChordError, ImproperlyConfigured
 
 
 class DLQError(Exception):
@@ -60,10 +60,11 @@ class InvalidMessage(DLQError):
     """A queue held something that cannot become a task message (the transport dead-letters it raw)."""
 
 
-class ChordMemberDeadLettered(DLQError):
+class ChordMemberDeadLettered(DLQError, ChordError):
     """A chord member was dead-lettered under the chord rule ``fail``: the chord's ``ChordError`` wraps this.
 
-    Its message names the member, the DLQ and the letter (docs/workflows.md).
+    Its message names the member, the DLQ and the letter (docs/workflows.md). It is a Celery
+    :class:`~celery.exceptions.ChordError` too: the tasks of a group body are failed with it as it is.
     """
 
 

@@ -30,13 +30,13 @@ member and its sets on Redis Cluster.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from typing import Any
 
 from celery import states
 from celery.app.task import Context
 from celery.backends.base import Backend, DisabledBackend
+from kombu.utils import json
 
 from celery_dlq.errors import ChordMemberPurged, ConfigurationError
 from celery_dlq.storage.keys import Keys
@@ -48,7 +48,11 @@ SETTLED_TTL_S = 7 * 24 * 3600
 
 
 def request_fields(request: Any) -> dict[str, Any]:
-    """What a part return needs of a member's request, as JSON-able fields (``id``, ``group``, ``chord``, ...)."""
+    """What a part return needs of a member's request (``id``, ``group``, ``chord``, ...).
+
+    Stored with kombu's JSON, which the task message itself went through: a body or errback carrying
+    bytes, dates or UUIDs in its arguments round-trips as Celery's own json serializer has it.
+    """
     get = request.get if hasattr(request, "get") else (lambda name, default=None: getattr(request, name, default))
     return {name: get(name) for name in ("id", "task", "group", "group_index", "chord", "root_id", "parent_id")}
 

@@ -328,6 +328,12 @@ def chord_failed(self, task_id):
     client().rpush(f"{PREFIX}:errbacks", json.dumps({"task_id": task_id}))
 
 
+@app.task(bind=True, base=RedeliveryTask, name="proj.errback_bytes")
+def errback_bytes(self, data):
+    """An immutable errback whose argument is bytes (kombu's JSON carries them): each run logged as text."""
+    client().rpush(f"{PREFIX}:errbacks", json.dumps({"bytes": data.decode(), "type": type(data).__name__}))
+
+
 if os.environ.get("DLQ_TEST_KILL_AFTER_SUCCESS"):   # tests/integration/test_chords.py
     @signals.task_success.connect
     def _kill_after_success(sender=None, **kwargs):

@@ -16,7 +16,8 @@ import time
 
 import celery
 import pytest
-from celery import chain, chord
+from celery import chain, chord, group
+from celery.exceptions import ChordError
 
 from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import chord_rule, is_placeholder
@@ -143,6 +144,27 @@ def test_fail_fails_the_chord_now_naming_the_dlq_and_the_letter(any_backend):
     settled(h, member, 3)
     assert body_runs(h) == []
     assert len(errbacks(h)) == 1
+
+
+def test_fail_fails_a_group_body_with_a_chord_error_and_runs_a_bytes_errback_once(any_backend):
+    """As Celery fails a group body (each of its tasks) when a header member fails: under ``fail`` each gets a
+    ChordError naming the letter, and the chord's errback, whose argument is bytes, runs once."""
+    h = any_backend
+    h.worker()
+    sig = h.app.signature
+    header = [sig("proj.noop", args=(1,)), sig("proj.fixed_by_flag", args=(99,), headers=chord_rule("fail"))]
+    body = group(sig("proj.tsum"), sig("proj.tsum"))
+    res = chord(header)(body.on_error(sig("proj.errback_bytes", args=(b"\x01chord",), immutable=True)))
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the member dead-lettered")
+    h.wait_until(lambda: len(errbacks(h)) >= 1, message="the errback")
+    for task in res.results:
+        h.wait_until(lambda: h.app.AsyncResult(task.id).state == "FAILURE", message="each body task failed")
+        with pytest.raises(ChordError, match=f"DLQ.{h.queue}"):
+            h.app.AsyncResult(task.id).get(timeout=10)
+    settled(h, h.dead_letters()[0]["headers"]["id"], 2)
+    assert body_runs(h) == []
+    calls = errbacks(h)   # Celery calls a group body's errbacks for each of its tasks
+    assert 1 <= len(calls) <= 2 and all(call == {"bytes": "\x01chord", "type": "bytes"} for call in calls), calls
 
 
 def test_continue_runs_the_body_now_with_a_placeholder(any_backend):
@@ -335,7 +357,6 @@ def test_a_group_of_chains_each_goes_on_after_its_replay(any_backend):
     h = any_backend
     h.worker()
     sig = h.app.signature
-    from celery import group
     res = group(chain(sig("proj.noop", args=(i,)), sig("proj.fixed_by_flag"), sig("proj.noop")) for i in range(2))()
     h.wait_until(lambda: len(h.dead_letters()) == 2, message="both middle steps dead-lettered")
     replay(h)

@@ -86,6 +86,29 @@ def test_a_fail_or_continue_hold_hands_back_the_call_its_dying_member_parked(led
     assert ledger.hold("t1", member("t1"), state="continued", rule="continue", dlq="DLQ.q") == ("", json.dumps(call))
 
 
+def test_a_body_and_errbacks_carrying_bytes_dates_and_uuids_round_trip(ledger):
+    """What Celery's json serializer carries (kombu's JSON) is held as it is: a body errback with bytes in
+    its arguments once left the chord untold (TypeError in json.dumps)."""
+    import datetime
+    import uuid
+    errback = {"task": "proj.echo", "args": [b"\x00msg"], "kwargs": {"at": datetime.datetime(2026, 1, 2, 3, 4)},
+               "options": {"task_id": uuid.UUID(int=7)}, "immutable": True}
+    fields = {**member(), "chord": {**member()["chord"], "options": {"link_error": [errback]}}}
+    ledger.dying("t1", "g1")
+    assert ledger.park_unlock("g1", {"args": ["g1", fields["chord"]], "kwargs": {}, "queue": "q"})
+    ledger.hold("t1", fields, state="waiting", rule="wait", dlq="DLQ.q")
+    assert ledger.parked_unlock("g1")["args"][1] == fields["chord"]
+    assert ledger.settle("t1", "failed")[0] == fields
+
+
+def test_a_dead_lettered_member_is_a_chord_error_as_celery_fails_group_bodies_with_it():
+    from celery.exceptions import ChordError
+
+    from celery_dlq.errors import ChordMemberDeadLettered, ChordMemberPurged, DLQError
+    for kind in (ChordMemberDeadLettered, ChordMemberPurged):
+        assert issubclass(kind, ChordError) and issubclass(kind, DLQError)
+
+
 def test_a_chain_step_standing_for_a_chord_member_is_released_by_the_member(ledger):
     ledger.hold("step1", member("t9"), state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.release("g1", "other") == [] and ledger.state("step1") == "waiting"
