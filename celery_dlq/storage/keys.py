@@ -263,8 +263,9 @@ class Keys:
 
     @property
     def due_wake(self) -> str:
-        """ZSET with at most one member: written by ``park.lua`` (and the redeliver scripts) when an entry
-        becomes the earliest due, so the moving worker, blocked on it, wakes (``BZPOPMIN``)."""
+        """ZSET with at most one member: written by ``park.lua`` (and the redeliver scripts) for an entry due
+        before the moving worker's wait ends (:attr:`due_wake_until`), so that worker, blocked on it, wakes
+        (``BZPOPMIN``)."""
         return self.base + ":wake"
 
     @property
