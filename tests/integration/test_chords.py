@@ -304,6 +304,17 @@ def test_a_member_lost_with_its_worker_process_follows_its_rule_too(chords):
 
 # -- nesting ---------------------------------------------------------------------
 
+def held_open(h) -> str:
+    """Waits until the one dead letter holds its chord open (after its two runs); no body, no errback yet.
+    Returns the letter's task id."""
+    h.wait_until(lambda: len(h.dead_letters()) == 1, message="a task dead-lettered")
+    letter = h.dead_letters()[0]["headers"]["id"]
+    h.wait_until(lambda: member_state(h, letter) == "waiting", message="the chord waits")
+    settled(h, letter, 2)
+    assert body_runs(h) == [] and errbacks(h) == []
+    return letter
+
+
 def test_a_chain_in_a_chord_header_waits_for_its_dead_lettered_first_step(any_backend):
     """chord([noop, chain(fixed_by_flag, noop)], tsum): the chain's first step stands for its chord member."""
     h = any_backend
@@ -312,11 +323,7 @@ def test_a_chain_in_a_chord_header_waits_for_its_dead_lettered_first_step(any_ba
     header = [sig("proj.noop", args=(7,)), chain(sig("proj.fixed_by_flag", args=(99,)), sig("proj.noop"))]
     res = chord(header)(sig("proj.tsum").on_error(sig("proj.chord_failed")))
     result = h.app.AsyncResult(res.id)
-    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the chain's first step dead-lettered")
-    step = h.dead_letters()[0]["headers"]["id"]
-    h.wait_until(lambda: member_state(h, step) == "waiting", message="the chord waits")
-    settled(h, step, 2)
-    assert body_runs(h) == [] and errbacks(h) == []
+    step = held_open(h)
     replay(h)
     assert result.get(timeout=30) == 7 + 1          # the chain's last step got the step's result (1)
     assert body_runs(h) == [[7, 1]]
@@ -374,11 +381,7 @@ def test_a_chord_in_a_chord_header_waits_for_its_dead_lettered_member(any_backen
     inner = chord([sig("proj.noop", args=(2,)), sig("proj.fixed_by_flag", args=(99,))], sig("proj.tsum"))
     res = chord([sig("proj.noop", args=(1,)), inner])(sig("proj.tsum").on_error(sig("proj.chord_failed")))
     result = h.app.AsyncResult(res.id)
-    h.wait_until(lambda: len(h.dead_letters()) == 1, message="the inner chord's member dead-lettered")
-    member = h.dead_letters()[0]["headers"]["id"]
-    h.wait_until(lambda: member_state(h, member) == "waiting", message="the inner chord waits")
-    settled(h, member, 2)
-    assert body_runs(h) == [] and errbacks(h) == []
+    held_open(h)
     replay(h)
     assert result.get(timeout=30) == 1 + (2 + 1)
     assert sorted(body_runs(h)) == [[1, 3], [2, 1]]   # each body once: the inner's, then the outer's
