@@ -91,7 +91,9 @@ class Worker:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
-            if not (sig == signal.SIGTERM and self._terminated):
+            if sig == signal.SIGTERM:
+                self.terminate()
+            else:
                 self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=20)
