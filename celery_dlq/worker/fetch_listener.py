@@ -20,13 +20,14 @@ keeps a list's oldest elements that an open breaker holds, as the fetch
 does: a push of a held task wakes no worker.
 
 What a message costs the listener (:class:`Coalescer`): a write heard to a
-list is marked at once (one ``ZADD``: a push), except the first write heard
-within :data:`WINDOW` after a marking, which is presumed the pop of the
-worker that marking woke and only looked at when the window ends (one
-``EXISTS``, and a ``ZADD`` where the list holds a message). Until that look
-the list is not heard (per-key tracking), so a push that came first waits
-for it: the window bounds both that wait and the listener's looks (at most
-one per list per window, however busy the queue).
+list is looked at at once (one ``EXISTS``, and a ``ZADD`` where the list
+holds a message: a push; a list already empty again was popped, and wakes
+nobody), except the first write heard within :data:`WINDOW` after a marking,
+which is presumed the pop of the worker that marking woke and only looked
+at when the window ends. Until that look the list is not heard (per-key
+tracking), so a push that came first waits for it: the window bounds both
+that wait and the listener's looks (at most one per list per window,
+however busy the queue).
 
 The queues to hear are those fetches register (``Keys.fetch_queues``,
 written by a fetch that finds a queue of its own not heard, which also
@@ -117,7 +118,7 @@ class Coalescer:
         return at_once
 
     def unmark(self, lists: Iterable[str]) -> None:
-        """``lists`` were heard but not marked (a breaker kept the push): no worker was woken, no pop to wait for."""
+        """``lists`` were heard but not marked (empty again, or a breaker kept the push): no worker was woken, no pop to wait for."""
         for key in lists:
             self._pop.discard(key)
             self._until.pop(key, None)
@@ -261,15 +262,15 @@ class FetchListener(threading.Thread):
         return written
 
     def _mark(self, tracker: Any, lists: set[str]) -> set[str]:
-        """Write the marker of the queue of each of ``lists`` (a push was heard to each), and arm them; returns
-        those left unmarked because a breaker kept what was pushed."""
-        return self._run(tracker, lists, force=True)
+        """Write the marker of each queue one of ``lists`` (a write was heard to each) holds a message of, and
+        arm them; returns those left unmarked (empty again, or a breaker kept what was pushed)."""
+        return self._run(tracker, lists, heard=True)
 
     def _signal(self, tracker: Any, lists: set[str]) -> None:
         """Write the marker of each queue one of ``lists`` holds a message of, and arm them."""
-        self._run(tracker, lists, force=False)
+        self._run(tracker, lists, heard=False)
 
-    def _run(self, tracker: Any, lists: set[str], force: bool) -> set[str]:
+    def _run(self, tracker: Any, lists: set[str], heard: bool) -> set[str]:
         """``mark_queues.lua`` on the tracking connection (its reads arm the lists), :data:`BATCH` lists a call;
         the lists heard written to that it did not mark."""
         unmarked: set[str] = set()
@@ -278,7 +279,7 @@ class FetchListener(threading.Thread):
         self._scripts = scripts
         for start in range(0, len(ordered), BATCH):
             part = ordered[start:start + BATCH]
-            keys, args = [*part, *(self.watched[key] for key in part)], ["1" if force else ""]
+            keys, args = [*part, *(self.watched[key] for key in part)], ["1" if heard else ""]
             if self.holds:
                 keys += [self.keys.breaker_holds, self.keys.breaker_held_raw, self.keys.breaker_kept_total]
                 args += [str(int(self.clock() * 1000)), *map(self.lists.queue_of, part)]

@@ -94,8 +94,22 @@ def test_every_push_is_marked_at_once_and_the_pop_a_marking_wakes_is_looked_at_w
     assert c.due(1.049) == set() and c.due(1.050) == {"q"}  # one look for both pops
     assert c.next_at(9.0) == 9.0
     assert c.heard({"q"}, 1.200) == {"q"}                   # after the window: whatever it is, at once
-    assert c.heard({"q"}, 1.300) == {"q"}                   # a pop after the window is marked too (a
-    assert c.due(2.0) == set()                              # slow worker: at worst one empty fetch)
+    assert c.heard({"q"}, 1.300) == {"q"}                   # a slow worker's pop after the window is looked
+    assert c.due(2.0) == set()                              # at at once too (and not marked: next test)
+
+
+def test_a_write_heard_to_a_list_empty_again_marks_nothing_so_no_worker_wakes_for_nothing(any_redis, unique):
+    keys, q, r = Keys(f"s{unique}"), f"q{unique}", f"r{unique}"
+    listener = FetchListener(lambda: any_redis, keys, QueueLists())
+    listener.watched = {q: keys.fetch_marker(q), r: keys.fetch_marker(r)}
+    any_redis.lpush(r, "x")
+    try:
+        # q's write was a pop (or a push another fetch took): left unmarked, so no pop is waited for
+        assert listener._mark(any_redis, {q, r}) == {q}
+        assert not any_redis.exists(keys.fetch_marker(q)) and any_redis.zrange(keys.fetch_marker(r), 0, -1) == [b"m"]
+        assert listener.signalled == 1
+    finally:
+        any_redis.delete(r, keys.fetch_marker(r))
 
 
 def test_an_idle_wait_is_jittered_below_kombus_health_check_and_short_while_a_channel_settles():

@@ -10,11 +10,13 @@
 -- KEYS[2n+1]      breaker holds (HASH) (only with ARGV[2]) <queue>\x1f<task> -> held until (ms)
 -- KEYS[2n+2]      held deliveries (ZSET) (the same) <queue>\x1f<task>\x1f<element>, score 0
 -- KEYS[2n+3]      kept totals (HASH) (the same) <queue>\x1f<task> -> deliveries kept
--- ARGV[1] = "1": mark every list's queue (a push was heard); "": only those whose list holds a message
+-- ARGV[1] = "1": a write was heard to every list (report those left unmarked); "": a look (report none)
 -- ARGV[2] = now (ms) where breakers hold in Redis; absent or "" otherwise
 -- ARGV[3..2+n] = (with ARGV[2]) the queue of list i
--- Returns {how many markers were written, then the index of each list a push was heard to (ARGV[1] = "1")
--- that is not marked because a breaker kept all it held}.
+-- A queue is marked only where its list holds a message when the script runs: a write heard to a list
+-- that is empty again was a pop, or a push another fetch took already; no worker needs waking for it.
+-- Returns {how many markers were written, then the index of each list a write was heard to (ARGV[1] =
+-- "1") that is not marked: a breaker kept all it held, or it was empty}.
 local hold = ARGV[2] ~= nil and ARGV[2] ~= ''
 local n = #KEYS / 2
 if hold then
@@ -24,8 +26,7 @@ end
 local marked = 0
 local kept = {}
 for i = 1, n do
-  local force = ARGV[1] == '1'
-  local heard = force
+  local heard = ARGV[1] == '1'
   if hold then
     local now = tonumber(ARGV[2])
     for _ = 1, 100 do
@@ -36,11 +37,10 @@ for i = 1, n do
         break
       end
       redis.call('RPOP', KEYS[i])
-      force = false   -- what is left decides
     end
   end
-  -- EXISTS first, whatever `force` says: reading the list is what arms its tracking for the next write.
-  if redis.call('EXISTS', KEYS[i]) == 1 or force then
+  -- Reading the list is also what arms its tracking for the next write.
+  if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('ZADD', KEYS[n + i], 0, 'm')
     marked = marked + 1
   elseif heard then
