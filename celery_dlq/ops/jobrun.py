@@ -90,6 +90,15 @@ class JobRunner:
         return self.store.claim(job_id, self.jobs.owner, self._now_ms(), int(self.jobs.lease * 1000), take=take,
                                 counts=counts)
 
+    def unfinished(self) -> bool:
+        """Whether any job is unfinished; if one is orphaned, run it (as :meth:`take_orphans` with ``limit=1``).
+        One command when every lease is live or there is no job."""
+        first = self.store.first_lease()
+        if first is not None and first <= self._now_ms():
+            for job_id in self.take_orphans(limit=1):
+                logger.info("celery-dlq: ran redrive job %s (taken over)", job_id)
+        return first is not None
+
     def take_orphans(self, limit: int = 10) -> list[str]:
         """Run every job (at most ``limit``) whose owner's lease expired, one after another; the ids it ran."""
         ran = []

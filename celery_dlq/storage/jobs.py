@@ -112,6 +112,11 @@ class JobStore:
             pipe.hgetall(self.keys.job(job_id))
         return [{as_text(k): as_text(v) for k, v in raw.items()} for raw in pipe.execute() if raw]
 
+    def first_lease(self) -> int | None:
+        """When the first lease of an unfinished job runs out (ms; one ``ZRANGE``), None when there is no job."""
+        first = self.client.zrange(self.keys.job_leases, 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
     def orphans(self, now_ms: int, limit: int = 10) -> list[str]:
         """Unfinished jobs whose owner's lease has expired (or which never had one), oldest lease first."""
         return [as_text(i) for i in self.client.zrangebyscore(self.keys.job_leases, "-inf", now_ms, 0, limit)]

@@ -23,7 +23,7 @@
   callable of :attr:`WorkerBreakers.on_close` is called with ``(queue, group, task)`` (``worker/redrive.py``).
   Held deliveries no breaker holds any more (a resume from the CLI, a
   releasing worker that died) are released by :meth:`WorkerBreakers.sweep`,
-  which the worker holding the mover lease calls every ``dlq_jobs_poll``.
+  which the worker holding the mover lease calls (``worker/jobs.py``).
 
 Every state change sends a ``task-breaker-changed`` event (Flower) and is
 archived (``breaker`` events).
@@ -224,13 +224,16 @@ class WorkerBreakers:
 
     # -- what the fetch held ----------------------------------------------------------
 
-    def sweep(self) -> None:
-        """Release what the fetch holds for tasks no breaker holds now (closed from elsewhere, a releaser gone)."""
+    def sweep(self) -> int:
+        """Release what the fetch holds for tasks no breaker holds now (closed from elsewhere, a releaser gone);
+        how many (queue, task) pairs the fetch holds deliveries of."""
         store = self.store()
-        for queue, task in store.held_in_fetch():
+        held = store.held_in_fetch()
+        for queue, task in held:
             if not store.holding_in_fetch(queue, task):
                 policy = self.config.settings.policy_for(task, queue)
                 self.start_release(queue, task, policy.breaker_release_rate, policy.breaker_max_release_rate)
+        return len(held)
 
     def start_release(self, queue: str, task: str, rate: float, max_rate: float) -> None:
         """Release, in a thread, what the fetch held of ``task`` on ``queue``, unless this process does already."""

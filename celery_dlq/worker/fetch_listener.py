@@ -118,7 +118,8 @@ class Coalescer:
         return at_once
 
     def unmark(self, lists: Iterable[str]) -> None:
-        """``lists`` were heard but not marked (empty again, or a breaker kept the push): no worker was woken, no pop to wait for."""
+        """``lists`` were heard but not marked (empty again, or a breaker kept the push): no worker was woken,
+        no pop to wait for."""
         for key in lists:
             self._pop.discard(key)
             self._until.pop(key, None)

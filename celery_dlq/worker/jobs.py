@@ -1,11 +1,15 @@
 """The RedriveJobs bootstep: a worker takes over redrive jobs whose process died, and runs them.
 
 A job (``ops/jobs.py``) is run by whichever process holds its lease. When that process dies (a
-dashboard restarted, a ``celery dlq jobs run`` killed, another worker gone), its lease expires; every
-``dlq_jobs_poll`` seconds the worker that holds the mover lease (one at a time, so the cost does not
-grow with the number of workers) asks once (one ``ZRANGEBYSCORE``) for such orphans and takes one,
-the claim being atomic (``job_claim.lua``). It then runs the job to its end in this
-thread through the operator API, so each letter still moves once (``ops/queue.py``). ``0`` turns it off.
+dashboard restarted, a ``celery dlq jobs run`` killed, another worker gone), its lease expires. The
+worker that holds the mover lease (one at a time, so the cost does not grow with the number of workers)
+looks for such orphans (one ``ZRANGE``: the first lease to run out) and takes one, the claim being atomic
+(``job_claim.lua``), and sweeps what the fetch holds for breakers that are gone (``worker/breaker.py``).
+It looks every ``dlq_jobs_poll`` seconds while a job is unfinished or the fetch holds deliveries; while
+neither, each look waits twice as long as the last, up to :func:`idle_most`. A job is orphaned a lease
+after it starts at the earliest, so a look comes before that and the takeover still comes within
+``dlq_jobs_poll`` of its lease's end. It then runs the job to its end in this thread through the
+operator API, so each letter still moves once (``ops/queue.py``). ``0`` turns it off.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Any
 from celery import bootsteps
 
 from celery_dlq.ops.jobrun import JobRunner
-from celery_dlq.ops.jobs import Jobs
+from celery_dlq.ops.jobs import LEASE, Jobs
 from celery_dlq.ops.operator import Operator
 from celery_dlq.worker.mover import Mover
 from celery_dlq.worker.runtime import Runtime
@@ -25,31 +29,53 @@ from celery_dlq.worker.runtime import Runtime
 logger = logging.getLogger(__name__)
 
 
+#: While looks find nothing, they space out up to this many polls.
+IDLE_POLLS = 6
+
+
+def idle_most(poll: float, lease: float) -> float:
+    """The longest wait between two looks that find nothing: at most ``IDLE_POLLS`` polls, and no longer than
+    the lease of a job a worker runs (``lease``) or jobs' default lease, so a job started meanwhile is seen
+    before its lease can run out."""
+    return max(poll, min(IDLE_POLLS * poll, lease, LEASE))
+
+
+def next_wait(last: float, busy: bool, poll: float, most: float) -> float:
+    """The wait before the next look: ``poll`` after a look that found a job or held deliveries; else twice
+    the last wait, up to ``most``."""
+    return poll if busy else max(poll, min(last * 2, most))
+
+
 class JobsThread(threading.Thread):
-    """Looks for orphaned jobs every ``poll`` seconds and runs each it takes, until stopped."""
+    """Looks for orphaned jobs and held deliveries (see the module docstring) and runs each job it takes,
+    until stopped. Each of ``sweeps`` returns whether it found anything held."""
 
     def __init__(self, app: Any, poll: float, holder: threading.Event,
                  sweeps: tuple[Callable[[], Any], ...] = (), lease: float = 30.0) -> None:
         super().__init__(name="celery-dlq-jobs", daemon=True)
         self.app, self.poll, self.holder, self.sweeps, self.lease = app, poll, holder, sweeps, lease
+        self.most = idle_most(poll, lease)
         self._stop_event = threading.Event()
         self.runner: JobRunner | None = None
 
     def run(self) -> None:
+        wait = self.poll / 2   # the first look that finds nothing waits one poll
         while not self._stop_event.is_set():
             if not self.holder.is_set():   # another worker holds the mover lease: its job
+                wait = self.poll / 2
                 self._stop_event.wait(self.poll)
                 continue
+            busy = True
             try:
                 if self.runner is None:   # connects on first use, in this thread
                     self.runner = JobRunner(Jobs(Operator(self.app), lease=self.lease))
-                for job_id in self.runner.take_orphans(limit=1):
-                    logger.info("celery-dlq: ran redrive job %s (taken over)", job_id)
+                busy = self.runner.unfinished()
                 for sweep in self.sweeps:   # deliveries the fetch held that no breaker holds now
-                    sweep()
+                    busy = bool(sweep()) or busy
             except Exception:   # Redis down, or a bug of ours: logged, and looked at again next time
                 logger.exception("celery-dlq: looking for redrive jobs to take over")
-            self._stop_event.wait(self.poll)
+            wait = next_wait(wait, busy, self.poll, self.most)
+            self._stop_event.wait(wait)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop_event.set()

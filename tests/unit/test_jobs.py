@@ -178,10 +178,12 @@ def test_a_job_taken_over_finishes_what_is_left_and_moves_each_letter_once(op, f
     with pytest.raises(Died):
         JobRunner(a, sleep=Sleeps(op.clock, {1: die})).run(job.id)
     assert JobRunner(b).take_orphans() == []           # the lease has not expired yet
+    assert JobRunner(b).unfinished() and b.get(job.id).owner == "a"   # a job is running: look again soon
     op.clock.now += 10
-    assert JobRunner(b, sleep=Sleeps(op.clock)).take_orphans() == [job.id]
+    assert JobRunner(b, sleep=Sleeps(op.clock)).unfinished()            # orphaned: taken and run to its end
     ended = b.get(job.id)
     assert ended.state == "done" and ended.owner == "b" and ended.takeovers == 1
+    assert not JobRunner(b).unfinished() and b.store.first_lease() is None   # no job left: looks may space out
     ids = [m["headers"]["id"] for m in stored(fake, "orders")]
     assert sorted(ids) == sorted(d.task_id for d in dead) and len(ids) == 5
 
