@@ -7,9 +7,10 @@ looks for such orphans (one ``ZRANGE``: the first lease to run out) and takes on
 (``job_claim.lua``), and sweeps what the fetch holds for breakers that are gone (``worker/breaker.py``).
 It looks every ``dlq_jobs_poll`` seconds while a job is unfinished or the fetch holds deliveries; while
 neither, each look waits twice as long as the last, up to :func:`idle_most`. A job is orphaned a lease
-after it starts at the earliest, so a look comes before that and the takeover still comes within
-``dlq_jobs_poll`` of its lease's end. It then runs the job to its end in this thread through the
-operator API, so each letter still moves once (``ops/queue.py``). ``0`` turns it off.
+after it starts at the earliest, so with a lease at least that long (the defaults) a look comes before
+that and the takeover still comes within ``dlq_jobs_poll`` of its lease's end. It then runs the job to
+its end in this thread through the operator API, so each letter still moves once (``ops/queue.py``).
+``0`` turns it off.
 """
 from __future__ import annotations
 
