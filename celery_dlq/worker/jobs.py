@@ -52,7 +52,7 @@ class JobsThread(threading.Thread):
     until stopped. Each of ``sweeps`` returns whether it found anything held."""
 
     def __init__(self, app: Any, poll: float, holder: threading.Event,
-                 sweeps: tuple[Callable[[], Any], ...] = (), lease: float = 30.0) -> None:
+                 sweeps: tuple[Callable[[], Any], ...] = (), lease: float = LEASE) -> None:
         super().__init__(name="celery-dlq-jobs", daemon=True)
         self.app, self.poll, self.holder, self.sweeps, self.lease = app, poll, holder, sweeps, lease
         self.most = idle_most(poll, lease)
