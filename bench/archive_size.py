@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
 import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import RedisServer, machine, parser, print_table, redis_server_version  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.fingerprint import failure_group  # noqa: E402
@@ -194,6 +195,7 @@ def main() -> None:
     cli.add_argument("--batch", type=int, default=100, help="events per append (100, the mover's batch)")
     cli.add_argument("--seed", type=int, default=7)
     cli.add_argument("--json", help="write the figures to this file")
+    results_file.add_argument(cli)
     args = cli.parse_args()
     if args.quick:   # a smaller stream, for a look: the figures per event barely move
         args.events, args.per_type = min(args.events, 10_000), min(args.per_type, 1_000)
@@ -247,6 +249,15 @@ def main() -> None:
               f"the mixed stream; XLEN {mixed['xlen']:,}; appended in {mixed['append_s']} s")
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
+        results_file.write(args.results, "archive_size", {
+            "events": mixed["events"], "message_bytes": element,
+            "memory_usage_mb.mixed": round(mixed["memory_usage"] / MB, 1),
+            "used_memory_growth_mb.mixed": round(mixed["used_memory_growth"] / MB, 1),
+            "bytes_per_event.mixed": round(mixed["memory_usage"] / mixed["events"]),
+            **{f"bytes_per_event.{kind}": round(one["memory_usage"] / one["events"])
+               for kind, one in results["per_type"].items()}},
+            ["celery_dlq/storage/events.py", "celery_dlq/storage/archive.py", "celery_dlq/headers.py"],
+            redis_server_version(client))
     finally:
         client.close()
         server.stop()

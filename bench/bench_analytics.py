@@ -49,6 +49,7 @@ import pyarrow.dataset as ds  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import redis  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from celery_dlq.analytics.export import export_events  # noqa: E402
 from celery_dlq.storage.archive import Event, EventLog  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
@@ -271,6 +272,7 @@ def main() -> None:
     p.add_argument("--no-pandas", action="store_true", help="leave pandas out (it holds every event in memory)")
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--keep", action="store_true", help="keep the archives")
+    results_file.add_argument(p)
     p.add_argument("--spark-run", nargs=2, metavar=("ARCHIVE", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.spark_run:
@@ -316,6 +318,10 @@ def main() -> None:
     print(json.dumps(results, indent=1, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    figures = {"records": args.records, **{f"median.{k}": round(v, 2) for k, v in m.items()}}
+    figures.update({k: results[k] for k in ("spark_warm_over_pandas", "spark_start_plus_cold_over_pandas")
+                    if k in results})
+    results_file.write(args.results, "analytics", figures, ["celery_dlq/analytics/", "celery_dlq/storage/events.py"])
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     else:

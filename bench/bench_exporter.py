@@ -37,6 +37,7 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import RedisServer, machine, parser, redis_server_version, timed_call, timed_runs  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.exporter import DLQCollector, serve  # noqa: E402
@@ -132,6 +133,7 @@ def main() -> None:
     p.add_argument("--dlqs", type=int, default=50)
     p.add_argument("--depth", type=int, default=100_000)
     p.add_argument("--scrapes", type=int, default=15)
+    results_file.add_argument(p)
     args = p.parse_args()
     if args.quick:
         args.dlqs, args.depth, args.scrapes = 10, 10_000, 7
@@ -192,6 +194,12 @@ def main() -> None:
         print("| scrape | median ms | min ms | max ms | target |\n|---|---|---|---|---|")
         for name, times in results:
             print(row(name, times))
+        names = ("in_process", "http", "http_unrelated_keys", "first_scrape", "during_scan")
+        results_file.write(args.results, "exporter", {
+            "dlqs": args.dlqs, "depth": args.depth, "scrapes": args.scrapes,
+            **{f"scrape_median_ms.{key}": round(statistics.median(times), 1)
+               for key, (_, times) in zip(names, results)}},
+            ["celery_dlq/exporter.py", "celery_dlq/storage/"], redis_server_version(client))
     finally:
         if exporter is not None:
             exporter.close()

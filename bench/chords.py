@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 from celery import Celery, chord  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import ROOT, RedisServer, machine, parser, redis_server_version, stop_process, wait_until  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
 
@@ -121,6 +122,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--backend", choices=("redis", "sqlite"), default="redis")
+    results_file.add_argument(p)
     args = p.parse_args()
     members, window = (100, 5.0) if args.quick else (1000, 30.0)
     runs = 1 if args.quick else args.runs
@@ -139,6 +141,12 @@ def main() -> None:
             spread = f" (min {min(values):.2f}, max {max(values):.2f})" if len(values) > 1 else ""
             print(f"{label:48} median {statistics.median(values):.2f}{unit}{spread}")
         print("body ran exactly once in every run, with every result in header order")
+        results_file.write(args.results, "chords", {
+            "members": members, "runs": runs, "backend": args.backend,
+            **{f"{name}.median": round(statistics.median(row[name] for row in rows), 2)
+               for name in ("idle", "waiting", "replay", "from_start", "from_end")}},
+            ["celery_dlq/worker/features/chords.py", "celery_dlq/storage/chords.py", "celery_dlq/workflow.py"],
+            redis_server_version(client))
     finally:
         server.stop()
 

@@ -73,16 +73,35 @@ class BenchWorker:
         if conf:
             env["BENCH_CONF"] = conf
         self._log = open(self.log_path, "wb")
-        self.pool = pool
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "bench.app", "worker", "-P", pool,
-             "-c", str(concurrency), "-Q", queues or queue, "-n", name or f"bench-{mode}-{os.getpid()}@%h",
-             "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "WARNING"],
-            cwd=package or ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pool, self.package = pool, package
+        command = [sys.executable, "-m", "celery", "-A", "bench.app", "worker", "-P", pool,
+                   "-c", str(concurrency), "-Q", queues or queue, "-n", name or f"bench-{mode}-{os.getpid()}@%h",
+                   "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "WARNING"]
+        #: ``BENCH_PYSPY=DIR``: the worker runs under py-spy (main process and pool children, collapsed stacks
+        #: in ``DIR/<mode>[-before]-<pool>-<n>.txt``): a profile run, whose timings are not figures.
+        self.spied = bool(os.environ.get("BENCH_PYSPY"))
+        if self.spied:
+            where = Path(os.environ["BENCH_PYSPY"])
+            where.mkdir(parents=True, exist_ok=True)
+            out = where / f"{mode}{'-before' if package else ''}-{pool}-{time.monotonic_ns()}.txt"
+            command = [str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "--subprocesses",
+                       "--format", "raw", "--rate", "250", "-o", str(out), "--", *command]
+        self.proc = subprocess.Popen(command, cwd=package or ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The worker's main process (under py-spy: py-spy's child)."""
+        if not self.spied:
+            return self.proc.pid
+        import psutil
+
+        deadline = time.monotonic() + 30
+        while not (children := psutil.Process(self.proc.pid).children()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("py-spy started no worker")
+            time.sleep(0.05)
+        return children[0].pid
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -125,6 +144,12 @@ class BenchWorker:
         return main, children
 
     def stop(self) -> None:
+        if self.spied:   # the worker under py-spy: stopped first, so py-spy writes its file and exits
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
         stop_process(self.proc)
         self._log.close()
         self.log_path.unlink(missing_ok=True)
@@ -229,6 +254,16 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
     return ordered[k]
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """The median of ``values`` and their range: ``"1.25 (1.10-1.40)"``."""
+    return f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def ratio(after: float, before: float) -> str:
+    """``after`` over ``before`` as printed beside them (``"1.05x"``), ``"-"`` when ``before`` is zero."""
+    return f"{after / before:.2f}x" if before else "-"
 
 
 def print_table(headers: list[str], rows: list[list[Any]]) -> None:

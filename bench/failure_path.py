@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as results_file  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchWorker,
     RedisServer,
@@ -191,6 +192,7 @@ def main() -> None:
     p.add_argument("--before", default=None, help="a directory holding an earlier celery_dlq package")
     p.add_argument("--sides", default=None, help="comma-separated sides to run (default: all)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; 1 with --quick)")
+    results_file.add_argument(p)
     args = p.parse_args()
     n, rounds = (1000, 1) if args.quick else (5000, 3)
     n, rounds = args.tasks or n, args.rounds or rounds
@@ -202,7 +204,8 @@ def main() -> None:
     server = RedisServer().start()
     try:
         import redis
-        print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(server.url))}")
+        server_version = redis_server_version(redis.Redis.from_url(server.url))
+        print(f"machine: {machine()}, redis-server {server_version}")
         print(f"{n} tasks per run, {rounds} interleaved round(s)\n")
         variants = (*SIDES, *(f"{side}_ok" for side in SIDES))   # each failure path, then its success path
         times: dict[str, list[float]] = {v: [] for v in variants}
@@ -219,10 +222,14 @@ def main() -> None:
                       f"redis {used[2]:4.0f} us (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
         server.stop()
-    report(n, times, cpu)
+    figures = report(n, times, cpu)
+    results_file.write(args.results, "failure_path", {"tasks": n, "attempts": ATTEMPTS, "rounds": rounds, **figures},
+                  results_file.ENGINE, server_version)
 
 
-def report(n: int, times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float, float]]]) -> None:
+def report(n: int, times: dict[str, list[float]], cpu: dict[str, list[tuple[float, float, float]]]) -> dict:
+    """Print the tables; return the figures by name (ratios are medians of the rounds' ratios)."""
+    figures: dict[str, float] = {}
     per_run = {m: [n * attempts(m) / t for t in times[m]] for m in times}
     rate = {m: median(per_run[m]) for m in times}
     print()
@@ -234,22 +241,31 @@ def report(n: int, times: dict[str, list[float]], cpu: dict[str, list[tuple[floa
     print("\nCPU per failure-path attempt (median):")
     print_table(["side", "main us", "pool us", "redis us", "total us"],
                 [[LABELS[m], *(f"{x:.0f}" for x in med[m]), f"{sum(med[m]):.0f}"] for m in SIDES])
+    for m in SIDES:
+        figures[f"attempts_per_s.{m}"] = round(rate[m])
+        figures[f"success_per_s.{m}"] = round(rate[f"{m}_ok"])
+        figures[f"cpu_us_per_attempt.{m}"] = round(sum(med[m]))
     pairs = (("prefork -c 2", "dlq", "celery"), ("solo", "dlq_solo", "celery_solo"),
              ("prefork -c 2, before", "dlq_before", "celery"), ("solo, before", "dlq_before_solo", "celery_solo"))
     for pool, dlq, celery in pairs:
         if dlq not in times or celery not in times:
             continue
         ratios = [d / c for d, c in zip(per_run[dlq], per_run[celery])]
+        name = dlq.replace("dlq", "ratio", 1)
+        figures[name], figures[f"{name}.min"], figures[f"{name}.max"] = (
+            round(median(ratios), 2), round(min(ratios), 2), round(max(ratios), 2))
         print(f"\n{pool}: celery-dlq / Celery = {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}, per "
               f"round) (target >= 1.5x): {'MET' if median(ratios) >= 1.5 else 'MISSED'}")
     if "dramatiq" not in rate or "dlq" not in rate:
-        return
+        return figures
     dramatiq = max(("dramatiq", "dramatiq_p1t2"), key=lambda m: rate[m])
     best = max(("dlq", "dlq_solo"), key=lambda m: rate[m])
     print(f"celery-dlq (best: {LABELS[best]}, {rate[best]:.0f}/s) / Dramatiq (best: {LABELS[dramatiq]}, "
           f"{rate[dramatiq]:.0f}/s) = {rate[best] / rate[dramatiq]:.2f}x (target >= 1x): "
           f"{'MET' if rate[best] >= rate[dramatiq] else 'MISSED'}")
     print("(Dramatiq's CPU is its whole worker, main and threads, under 'main us'.)")
+    figures["best_dlq_over_best_dramatiq"] = round(rate[best] / rate[dramatiq], 2)
+    return figures
 
 
 if __name__ == "__main__":

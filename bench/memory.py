@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as results_file  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchWorker,
     RedisServer,
@@ -171,7 +172,9 @@ def floor(client, element: bytes, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    results_file.add_argument(p)
+    args = p.parse_args()
     n = 2000 if args.quick else 20000
     server = RedisServer().start()
     try:
@@ -231,6 +234,11 @@ def main() -> None:
               f"{tightest - size:.0f}: the target {'is' if tightest - size <= 200 else 'is NOT'} reachable with it")
     print(f"worker growth ratio Celery / celery-dlq: "
           f"{c['rss_growth'] / max(d['rss_growth'], 1):.0f}x")
+    results_file.write(args.results, "memory", {
+        "retries": n, "rss_growth_mib.celery": round(c["rss_growth"] / MB, 2),
+        "rss_growth_mib.dlq": round(d["rss_growth"] / MB, 2), "redis_bytes_per_retry.celery": round(c["redis_per"]),
+        "redis_bytes_per_retry.dlq": round(d["redis_per"]), "store_bytes_per_retry": round(store_per)},
+        results_file.ENGINE)
 
 
 if __name__ == "__main__":

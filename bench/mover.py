@@ -33,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as results_file  # noqa: E402
 from bench.common import RedisServer, machine, median, parser, print_table, redis_server_version  # noqa: E402
 
 QUEUE = "bench4"
 BATCH = 100
-PARK_CHUNK = 2000
 
 RAW_MOVE = """
 -- raw_move.lua (benchmark only): move up to ARGV[2] due entries onto a list, in one call.
@@ -82,33 +82,27 @@ def sample_payload(app, client) -> bytes:
 
 
 def park_all(dlq, n: int, payload: bytes, expires: bool = False) -> None:
-    """Park n entries due one second ago, in pipelines of the library's own park script.
+    """Park n entries due one second ago through the library's own park (``ParkedStore.park_many``, pipelined,
+    and ``park`` for entries with an expiry: each builds ``park.lua``'s KEYS and ARGV), before the clock starts.
 
     ``expires``: each entry has an expiry a day away (a message sent with Celery's ``expires``), so the
     move looks it up and deletes it with the entry.
     """
-    from celery_dlq.storage.store import to_ms
-
-    redis_ = dlq.redis()
-    script = redis_.store._scripts.get("park")
-    keys = [*redis_.keys.store_keys(), redis_.keys.stats, redis_.keys.events, redis_.keys.metrics, redis_.keys.expiries,
-            redis_.keys.trends, redis_.keys.due_wake]
-    minute = int(time.time() // 60)   # park.lua's trends bucket
-    due = to_ms(time.time() - 1)
-    expiry = to_ms(time.time() + 86400) if expires else ""
-    for start in range(0, n, PARK_CHUNK):
-        pipe = dlq.redis().client.pipeline(transaction=False)
-        for i in range(start, min(n, start + PARK_CHUNK)):
-            script(keys=keys, args=[f"bench-{i:06d}:2", payload, QUEUE, due, 0, "", "", expiry, minute],
-                   client=pipe)
-        pipe.execute()
+    store = dlq.redis().store
+    due = time.time() - 1
+    if not expires:
+        for start in range(0, n, 2000):
+            store.park_many([(f"bench-{i:06d}:2", payload, QUEUE, due) for i in range(start, min(n, start + 2000))])
+        return
+    for i in range(n):
+        store.park(f"bench-{i:06d}:2", payload, QUEUE, due, expires=time.time() + 86400)
 
 
 def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = True,
                 expires: bool = False) -> float:
     import redis
 
-    from celery_dlq.worker.mover import MoverThread
+    from celery_dlq.worker.park.mover import MoverThread
     from celery_dlq.worker.runtime import runtime_of
 
     conf = {} if archive else {"dlq_events_max_length": 0}
@@ -136,8 +130,9 @@ def run_library(url: str, n: int, payload: bytes, movers: int, archive: bool = T
         worker.join()
     seconds = time.perf_counter() - t0
     assert client.llen(QUEUE) == n, (client.llen(QUEUE), n)
-    assert runtimes[0].store.count() == 0 and client.hlen(runtimes[0].keys.expiries) == 0
-    assert int(client.hget(runtimes[0].keys.stats, "redelivered")) == n
+    side = runtimes[0].redis()
+    assert side.store.count() == 0 and client.hlen(side.keys.expiries) == 0
+    assert int(client.hget(side.keys.stats, "redelivered")) == n
     client.flushdb()
     for app in apps:
         app.close()
@@ -157,7 +152,7 @@ def run_raw(url: str, n: int, payload: bytes) -> float:
     client.flushdb()
     park_all(dlq, n, payload)
     move = client.register_script(RAW_MOVE)
-    keys = [dlq.redis().keys.schedule, dlq.redis().keys.payloads, QUEUE]
+    keys = [dlq.redis().keys.delayed, dlq.redis().keys.payloads, QUEUE]
     t0 = time.perf_counter()
     while move(keys=keys, args=[to_ms(time.time()), BATCH]) == BATCH:
         pass
@@ -174,11 +169,12 @@ def main() -> None:
     p.add_argument("--cluster", action="store_true", help="a store of 6 shards on a Redis Cluster: 1 vs 3 masters")
     p.add_argument("--movers", type=int, default=1, help="--cluster: mover processes (1: the lease's one mover)")
     p.add_argument("--tasks", type=int, default=None, help="--cluster: parked retries (30,000; 6,000 quick)")
+    results_file.add_argument(p)
     args = p.parse_args()
     if args.cluster:
         from bench.mover_cluster import main as cluster_main
 
-        return cluster_main(args.quick, movers=args.movers, n=args.tasks)
+        return cluster_main(args.quick, movers=args.movers, n=args.tasks, results_path=args.results)
     n, rounds = (20000, 1) if args.quick else (100000, 3)
     server = RedisServer().start()
     times: dict[str, list[float]] = {"raw": [], "lib1": [], "lib3": [], "lib1_noarchive": [], "lib1_expires": []}
@@ -187,7 +183,8 @@ def main() -> None:
         from celery import Celery
 
         client = redis.Redis.from_url(server.url)
-        print(f"machine: {machine()}, redis-server {redis_server_version(client)}")
+        server_version = redis_server_version(client)
+        print(f"machine: {machine()}, redis-server {server_version}")
         payload = sample_payload(Celery("s", broker=server.url, set_as_current=False), client)
         print(f"{n} parked and due, batch {BATCH}, parked payload {len(payload)} B (direct format), "
               f"{rounds} interleaved round(s)\n")
@@ -215,6 +212,14 @@ def main() -> None:
     for side, label in (("lib1", "1 worker"), ("lib3", "3 workers")):
         print(f"celery-dlq mover, {label}: {shares[side]:.0f}% of raw (target >= 50%): "
               f"{'MET' if shares[side] >= 50 else 'MISSED'}")
+    results_file.write(args.results, "mover", {"due": n, "raw_msg_s": round(n / raw),
+                                               **{f"share_of_raw_pct.{side}": round(v) for side, v in shares.items()},
+                                               **{f"msg_s.{side}": round(n / median(times[side])) for side in shares}},
+                       MEASURES)
+
+
+#: The mover and the store's move script.
+MEASURES = ["celery_dlq/worker/park/mover.py", "celery_dlq/worker/park/turns.py", "celery_dlq/storage/"]
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ them (the publish format, since the store is not the broker), all due, are
 moved back to their queue by ``--movers`` movers, each in its own process
 (as that many workers), in interleaved rounds (3; 1 with --quick), medians
 reported. One mover (the default) is what a deployment runs: only the
-holder of the mover lease (``dlq_mover_lease``, worker/mover.py) moves,
+holder of the mover lease (``dlq_mover_lease``, worker/park/mover.py) moves,
 whatever the number of workers; 3 is how the tenth round measured it,
 before the lease (three workers' movers sharing the store):
 
@@ -27,6 +27,7 @@ import multiprocessing
 import time
 from typing import Any
 
+from bench import results as results_file
 from bench.common import RedisServer, machine, median, print_table, redis_server_version
 from tests.redis_server import RedisClusterServers
 
@@ -73,7 +74,7 @@ def park_all(broker: str, store: str, n: int) -> int:
 
 
 def _mover(broker: str, store: str, ready: Any, go: Any, spent: Any) -> None:
-    from celery_dlq.worker.mover import MoverThread
+    from celery_dlq.worker.park.mover import MoverThread
     from celery_dlq.worker.runtime import runtime_of
 
     app = make_app(broker, store)
@@ -130,7 +131,7 @@ def run(broker: str, cluster: RedisClusterServers, n: int, redis_pids: list[int]
     return seconds, mover_cpu, servers
 
 
-def main(quick: bool, movers: int = 1, n: int | None = None) -> None:
+def main(quick: bool, movers: int = 1, n: int | None = None, results_path: str | None = None) -> None:
     if movers < 1:
         raise SystemExit(f"--movers must be at least 1, got {movers}")
     default, rounds = (6000, 1) if quick else (30000, 3)
@@ -144,7 +145,8 @@ def main(quick: bool, movers: int = 1, n: int | None = None) -> None:
             cluster.start()
         import redis
 
-        print(f"machine: {machine()}, redis-server {redis_server_version(redis.Redis.from_url(broker.url))}")
+        server_version = redis_server_version(redis.Redis.from_url(broker.url))
+        print(f"machine: {machine()}, redis-server {server_version}")
         lease = "one mover, as the lease lets run" if movers == 1 else "as before the mover lease"
         print(f"{n} parked and due over {SHARDS} shards, {movers} mover process(es) ({lease}), broker a plain "
               f"Redis, {rounds} interleaved round(s)\n")
@@ -170,3 +172,13 @@ def main(quick: bool, movers: int = 1, n: int | None = None) -> None:
                      f"{movers_cpu:.2f}", f"{redis_cpu:.2f}"])
     print_table(["store (median)", "seconds", "msg/s", f"{movers} mover(s)' CPU s", "redis-servers' CPU s"], rows)
     print(f"3 masters vs 1: {one / three:.2f}x the throughput")
+    split = {}
+    for masters, t in ((1, one), (3, three)):
+        movers_cpu, redis_cpu = median([m for m, _ in cpu[masters]]), median([r for _, r in cpu[masters]])
+        split.update({f"seconds.masters{masters}": round(t, 2), f"mover_cpu_s.masters{masters}": round(movers_cpu, 2),
+                      f"redis_cpu_s.masters{masters}": round(redis_cpu, 2),
+                      f"mover_busy_pct.masters{masters}": round(100 * movers_cpu / t)})
+    results_file.write(results_path, "mover_cluster", {
+        "due": n, "movers": movers, "msg_s.masters1": round(n / one), "msg_s.masters3": round(n / three),
+        "masters3_over_masters1": round(one / three, 2), **split},
+        ["celery_dlq/worker/park/mover.py", "celery_dlq/worker/park/turns.py", "celery_dlq/storage/"], server_version)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as results_file  # noqa: E402
 from bench.common import BenchWorker, RedisServer, machine, parser, pct, print_table, redis_server_version  # noqa: E402
 from bench.mover import RAW_MOVE, make_app, sample_payload  # noqa: E402
 
@@ -41,26 +42,21 @@ def park_schedule(dlq, payload: bytes, n: int, start: float, raw: bool = False) 
     What the engine parks on a Redis broker (the direct format); for the raw
     side the element alone, which the raw move pushes as it is.
     """
-    from celery_dlq.storage.store import DirectPayload, to_ms
+    from celery_dlq.storage.store import DirectPayload
 
     direct = DirectPayload.loads(payload)
     doc = json.loads(direct.element)
-    redis_ = dlq.redis()
-    script = redis_.store._scripts.get("park")
-    keys = [*redis_.keys.store_keys(), redis_.keys.stats, redis_.keys.events, redis_.keys.metrics, redis_.keys.expiries,
-            redis_.keys.trends, redis_.keys.due_wake]
-    minute = int(time.time() // 60)   # park.lua's trends bucket
-    pipe = dlq.redis().client.pipeline(transaction=False)
+    entries = []
     for i in range(n):
         due = start + i / RATE
         doc["headers"]["bench-due"] = due
         doc["headers"]["id"] = f"punct-{i}"
         element = json.dumps(doc).encode()
         stored = element if raw else DirectPayload(direct.queue, direct.dest, direct.task, element).dumps()
-        script(keys=keys, args=[f"punct-{i}:2", stored, QUEUE, to_ms(due), 0, "", "", "", minute], client=pipe)
-        if i % 2000 == 1999:
-            pipe.execute()
-    pipe.execute()
+        entries.append((f"punct-{i}:2", stored, QUEUE, due))
+    # The library's own park, pipelined (ParkedStore.park_many builds park.lua's KEYS and ARGV).
+    for start_at in range(0, n, 2000):
+        dlq.redis().store.park_many(entries[start_at:start_at + 2000])
 
 
 def collect(url: str, n: int, timeout: float, out: list[float]) -> None:
@@ -95,7 +91,7 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
                              conf=json.dumps({"dlq_mover_interval": INTERVAL})).wait_ready(client)
     else:
         move = client.register_script(RAW_MOVE)
-        keys = [dlq.redis().keys.schedule, dlq.redis().keys.payloads, QUEUE]
+        keys = [dlq.redis().keys.delayed, dlq.redis().keys.payloads, QUEUE]
 
         def raw_mover() -> None:
             while not stop.wait(INTERVAL):
@@ -118,7 +114,9 @@ def run(url: str, side: str, n: int, payload: bytes, seconds: float) -> list[flo
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    results_file.add_argument(p)
+    args = p.parse_args()
     seconds = 10 if args.quick else 30
     n = RATE * seconds
     server = RedisServer().start()
@@ -150,6 +148,10 @@ def main() -> None:
     lost = n - len(results["dlq"])
     print(f"\ncelery-dlq p99 {p99 * 1000:.0f} ms (target < {target * 1000:.0f} ms): "
           f"{'MET' if p99 < target and not lost else 'MISSED'}" + (f"; {lost} never arrived" if lost else ""))
+    results_file.write(args.results, "punctuality", {
+        "redeliveries": n, "lost": lost,
+        **{f"late_p{q}_ms.{side}": round(pct(results[side], q) * 1000, 1) for side in results for q in (50, 99)}},
+        results_file.ENGINE)
 
 
 if __name__ == "__main__":

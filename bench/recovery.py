@@ -55,6 +55,7 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from kombu.transport.redis import Channel  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
 
@@ -284,7 +285,7 @@ def cost_phase(ns: list[int], rounds: int, seconds: float) -> dict:
     try:
         for cell in cells.values():
             cell.ready()
-        time.sleep(35.0)   # a dlq channel's idle waits are short for its first 30 s (worker/fetch_wait.py SETTLE)
+        time.sleep(35.0)   # a dlq channel's idle waits are short for its first 30 s (worker/fetch/transport.py SETTLE)
         for _ in range(rounds):
             for key, got in window(cells, seconds).items():
                 out.setdefault((key[0], "idle", key[1]), []).append(got)
@@ -383,6 +384,7 @@ def main() -> None:
     p.add_argument("--cost-only", action="store_true", help="only the heartbeats' cost (part 3)")
     p.add_argument("--before", default=None, help="a directory holding an earlier celery_dlq package (part 3)")
     p.add_argument("--sizes", default="1,4", help="comma-separated N of part 3 (default 1,4)")
+    results_file.add_argument(p)
     args = p.parse_args()
     global BEFORE
     if args.before:
@@ -393,7 +395,9 @@ def main() -> None:
     window, rounds = args.window or (10.0 if args.quick else 40.0), args.rounds or (1 if args.quick else 3)
     print(machine(), flush=True)
     if args.cost_only:
-        report_cost(cost_phase(sizes, rounds, window), sizes)
+        cost = cost_phase(sizes, rounds, window)
+        report_cost(cost, sizes)
+        results_file.write(args.results, "recovery", cost_figures(cost, sizes), results_file.ENGINE)
         return
     pairs = ", ".join(f"{1 if args.quick else n} {label}" for label, *_, n in PLAN)
     print(f"celery-dlq: {kills} kills in {cells} groups of 3 workers at once, then {cells} same-host restarts one "
@@ -414,6 +418,42 @@ def main() -> None:
     report_cost(cost, sizes)
     for text in anomalies:
         print(f"\nSUSPICIOUS: {text}")
+    results_file.write(args.results, "recovery", {**kill_figures(out["kills"], out["pairs"], out["same_host"]),
+                                                  **cost_figures(cost, sizes)}, results_file.ENGINE)
+
+
+def kill_figures(kills: list[dict], pairs: dict, same_host: list[dict]) -> dict[str, float]:
+    """Part 1 and 2's figures by name (seconds, as printed: one decimal)."""
+    out: dict[str, float] = {"kills": len(kills), "same_host_restarts": len(same_host)}
+    if same_host:
+        restarted = [k["from_kill"] for k in same_host]
+        out["same_host_from_kill_p50_s"] = round(pct(restarted, 50), 1)
+        out["same_host_from_kill_max_s"] = round(pct(restarted, 100), 1)
+    holder = [k for k in kills if k["holder"]]
+    for case, got in (("holder", holder), ("not_holder", [k for k in kills if not k["holder"]]), ("all", kills)):
+        from_kill = [k["from_kill"] for k in got]
+        from_beat = [k["from_beat"] for k in got if k["from_beat"]]
+        if from_kill:
+            out[f"from_kill_p50_s.{case}"] = round(pct(from_kill, 50), 1)
+            out[f"from_kill_max_s.{case}"] = round(pct(from_kill, 100), 1)
+        if from_beat:
+            out[f"from_beat_max_s.{case}"] = round(pct(from_beat, 100), 1)
+    live = pairs.get("live dlq", [])
+    out["live_tasks"] = len(live) + len(kills)   # the four long ones and each kill's other busy task
+    out["live_started_twice"] = sum(r["starts"] > 1 for r in live) + sum(not k["other_once"] for k in kills)
+    return out
+
+
+def cost_figures(cost: dict, ns: list[int]) -> dict[str, float]:
+    """Part 3's figures by name: commands/s per worker, medians of the rounds."""
+    out: dict[str, float] = {}
+    for n in ns:
+        for state in ("idle", "busy"):
+            for side in COST_SIDES:
+                got = [w[0] for w in cost.get((n, state, side), [])]
+                if got:
+                    out[f"cmds_s_per_worker.{side}.{state}.n{n}"] = round(median(got), 2)
+    return out
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import ROOT, RedisServer, machine, parser, redis_server_version  # noqa: E402
 from celery_dlq import headers as H  # noqa: E402
 from celery_dlq.fingerprint import group_id  # noqa: E402
@@ -120,6 +121,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--baseline", type=Path, help="another checkout (e.g. `git archive <commit> | tar -x -C DIR`): "
                                                  "its `replay --all` is timed in the same runs, interleaved")
+    results_file.add_argument(p)
     args = p.parse_args()
     if args.quick:
         args.letters, args.runs = 20_000, 1
@@ -190,6 +192,15 @@ def main() -> None:
             print(f"| {name} | {med:,.0f} | {min(values):,.0f} | {max(values):,.0f} | {cli_cpu:.2f} | "
                   f"{server_cpu:.2f} | {n / cli_cpu:,.0f} | {'met' if med >= TARGET else 'MISSED'} (>= {TARGET:,.0f}) |")
         print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+        figures: dict = {"letters": n, "runs": args.runs}
+        for name, values in rates.items():
+            key = {"whole DLQ (--all)": "all", "one group (--group)": "group"}.get(name, "all_baseline")
+            figures[f"letters_per_s.{key}"] = round(statistics.median(values))
+            figures[f"cli_cpu_us_per_letter.{key}"] = round(statistics.median(c for c, _ in cpus[name]) / n * 1e6)
+            figures[f"redis_cpu_us_per_letter.{key}"] = round(statistics.median(s for _, s in cpus[name]) / n * 1e6)
+        results_file.write(args.results, "replay", figures, ["celery_dlq/ops/", "celery_dlq/cli/",
+                                                             "celery_dlq/storage/", "celery_dlq/message.py"],
+                           redis_server_version(client))
     finally:
         server.stop()
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import median, parser, print_table  # noqa: E402
 from celery_dlq.storage.keys import Keys  # noqa: E402
 from celery_dlq.storage.replication import Replication  # noqa: E402
@@ -36,7 +37,9 @@ def park_all(store: ParkedStore, n: int, round_no: int, side: str) -> float:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    results_file.add_argument(p)
+    args = p.parse_args()
     n, rounds = (1000, 1) if args.quick else (5000, 3)
     master = RedisServer().start()
     replica = RedisServer(None, "--replicaof", "127.0.0.1", str(master.port)).start()
@@ -61,6 +64,9 @@ def main() -> None:
                     [["no WAIT", f"{a:.0f}", " ".join(f"{v:.0f}" for v in results["no WAIT"])],
                      ["WAIT 1 1000", f"{b:.0f}", " ".join(f"{v:.0f}" for v in results["WAIT 1"])]])
         print(f"WAIT costs +{b - a:.0f} us per park ({b / a:.2f}x)")
+        results_file.write(args.results, "replicas", {
+            "parks": n, "rounds": rounds, "park_us.no_wait": round(a), "park_us.wait": round(b),
+            "wait_cost_us": round(b - a)}, ["celery_dlq/storage/"], client.info("server")["redis_version"])
     finally:
         replica.stop()
         master.stop()

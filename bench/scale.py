@@ -32,7 +32,7 @@ interleaved by construction. Reported, medians over the rounds (and min-max):
    and what they run inside Redis, its BZPOPMIN on the store's wake marker, its
    HGETALL of the parked counts, its redelivered_total increments); apart
    from them, what the workers' fetch scripts run on the store's keys (their
-   check for due entries and their moves: ``worker/fetch_moves.py``); the
+   check for due entries and their moves: ``worker/fetch/moves.py``); the
    lateness of each redelivery is its move time (by the mover or a fetch)
    minus the entry's due time, from the archive's ``parked`` and
    ``redelivered`` events.
@@ -40,6 +40,14 @@ interleaved by construction. Reported, medians over the rounds (and min-max):
    an hour away, nothing due: the movers' commands/s over two windows
    (MONITOR), the heartbeats' apart (every worker beats: that is its
    liveness, counted in its idle cost above).
+
+``--before DIR`` adds the side ``dlq-before``: celery-dlq as an earlier
+commit had it (``DIR`` holds its ``celery_dlq`` package: ``git archive
+<commit> celery_dlq | tar -x -C DIR``) on a default server, like ``dlq``, in
+the same windows as every other side (phases 1 to 3), with the after/before
+ratios (``dlq`` over ``dlq-before``) of its idle commands/s and commands per
+task. Phases 4 and 5 stay ``dlq``-only: the MONITOR counts the movers by this
+checkout's Lua scripts.
 
 Run ``uptime`` beside it: the figures are only as quiet as the machine.
 """
@@ -59,11 +67,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 
-from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table  # noqa: E402
+from bench import results as results_file  # noqa: E402
+from bench.common import BenchWorker, RedisServer, machine, median, parser, pct, print_table, ratio, spread  # noqa: E402
 
 NOTIFY = ("--notify-keyspace-events", "Kl")
 SIDES = {"celery": ("celery", (), None), "dlq": ("dlq", (), None), "dlq-notify": ("dlq", NOTIFY, None),
          "dlq-no-listener": ("dlq", (), json.dumps({"dlq_fetch_listener": False}))}
+#: ``--before``: the directory holding an earlier commit's ``celery_dlq`` package, the side ``dlq-before``.
+BEFORE: str | None = None
 #: The sides whose parked retries are timed, one after the other.
 PARKED_SIDES = ("dlq",)
 #: Per-task phases: (name, tasks per second, seconds; seconds with --quick).
@@ -102,10 +113,10 @@ class Monitor(threading.Thread):
         from celery_dlq.storage.scripts import script_source
 
         self.url, self.stop_flag, self.count, self.by = url, False, 0, {}
-        #: The workers' heartbeats (SET NX / PEXPIRE of the lease, the holder's check script): per worker.
+        #: The workers' beats of the leader's lease (lease.lua, and SET NX / PEXPIRE of earlier releases): per worker.
         self.beats = 0
         self.shas = {hashlib.sha1(script_source(n).encode()).hexdigest(): n for n in MOVER_SCRIPTS}
-        self.beat_sha = hashlib.sha1(script_source("heartbeat").encode()).hexdigest()
+        self.beat_sha = hashlib.sha1(script_source("lease").encode()).hexdigest()
         self.fetch_sha = hashlib.sha1(script_source("fetch").encode()).hexdigest()
         #: Commands the fetch scripts ran on the store's keys (their check for due entries, their moves).
         self.fetch_count = 0
@@ -172,7 +183,8 @@ def start_side(n: int, side: str) -> tuple[RedisServer, list[BenchWorker]]:
     mode, args, conf = SIDES[side]
     server = RedisServer(None, *args).start()
     workers = [BenchWorker(server.url, "bench", mode, prefix=f"b9{side}", concurrency=1, queues="bench,bench2",
-                           pool="solo", name=f"{side}-{i}@%h", conf=conf) for i in range(n)]
+                           pool="solo", name=f"{side}-{i}@%h", conf=conf,
+                           package=BEFORE if side == "dlq-before" else None) for i in range(n)]
     return server, workers
 
 
@@ -208,7 +220,7 @@ def run_n(n: int, rounds: int, window: float, idle_first: float, samples: int, t
                 time.sleep(0.05)
             c.delete(f"b9{side}:pickup")
         # start-up work (first fetches, lease, the listener) settles; a channel's idle waits are short for its
-        # first 30 s (worker/fetch_wait.py SETTLE): idle is measured from 35 s after the workers waited
+        # first 30 s (worker/fetch/transport.py SETTLE): idle is measured from 35 s after the workers waited
         time.sleep(max(5.0, ready_at + 35.0 - time.monotonic()))
         idle_started = time.monotonic()
         for _ in range(rounds):
@@ -330,9 +342,6 @@ def per_task_phase(clients: dict, apps: dict, rate: float, seconds: float, idle:
     return out
 
 
-def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    return f"{fmt.format(median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
-
 
 def report(results: list[dict]) -> None:
     rows = []
@@ -391,6 +400,22 @@ def report(results: list[dict]) -> None:
         for side, runs in r["parked"].items():
             print(f"  N={r['n']} {side} movers by command (/s, first round): "
                   + ", ".join(f"{k} {v:.1f}" for k, v in runs[0]["mover_by"].items()))
+    if "dlq-before" not in SIDES:
+        return
+    rows = []
+    for r in (r for r in results if "dlq-before" in r["idle"]):
+        after = median([w[0] for w in r["idle"]["dlq"]])
+        before = median([w[0] for w in r["idle"]["dlq-before"]])
+        rows.append([r["n"], "idle", "commands/s per worker", f"{after:.2f}", f"{before:.2f}", ratio(after, before)])
+        for name, *_ in LOADS:
+            per = r.get("per_task", {}).get(name, {})
+            for i, what in enumerate(("commands per task", "beyond idle")):
+                after, before = (median([v[i] for v in per[side]]) for side in ("dlq", "dlq-before"))
+                rows.append([r["n"], name, what, f"{after:.1f}", f"{before:.1f}", ratio(after, before)])
+    print("\nAfter/before (--before): celery-dlq (dlq) against the earlier package (dlq-before), same windows, "
+          "medians of the rounds:")
+    print_table(["N", "phase", "figure", "dlq", "dlq-before", "after/before"], rows)
+
 
 
 def main() -> None:
@@ -400,7 +425,14 @@ def main() -> None:
     p.add_argument("--parked-rounds", type=int, default=3, help="interleaved rounds of the parked phase (default 3)")
     p.add_argument("--at-rest-only", type=float, default=0.0, metavar="SECONDS",
                    help="only the at-rest phase (5), counted over SECONDS, on the dlq side")
+    p.add_argument("--before", default=None, metavar="DIR",
+                   help="a directory holding an earlier celery_dlq package: the side dlq-before")
+    results_file.add_argument(p)
     args = p.parse_args()
+    global BEFORE
+    if args.before:
+        BEFORE = args.before
+        SIDES["dlq-before"] = ("dlq", (), None)
     ns = [int(x) for x in (args.workers or ("1,3" if args.quick else "1,10,30")).split(",")]
     rounds, window = (2, 5.0) if args.quick else (3, 20.0)
     idle_first, samples, tasks, park = (10.0, 3, 300, 200) if args.quick else (60.0, 12, 3000, 1000)
@@ -413,6 +445,49 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     report(results)
+    results_file.write(args.results, "scale", figures(results), results_file.ENGINE)
+
+
+def figures(results: list[dict]) -> dict[str, float]:
+    """The printed tables' figures by name, ``<figure>.<side>.n<N>`` (medians of the rounds, as printed)."""
+    out: dict[str, float] = {}
+    for r in results:
+        n = r["n"]
+        for side, windows in r.get("idle", {}).items():
+            out[f"idle_cmds_s_per_worker.{side}.n{n}"] = round(median([w[0] for w in windows]), 2)
+        for name, *_ in LOADS:
+            per = r.get("per_task", {}).get(name, {})
+            if "celery" not in per:
+                continue
+            base = median([v[0] for v in per["celery"]])
+            base_marginal = median([v[1] for v in per["celery"]])
+            for side in (side for side in SIDES if side in per and side != "celery"):
+                out[f"cmds_per_task_ratio.{name}.{side}.n{n}"] = round(median([v[0] for v in per[side]]) / base, 2)
+                out[f"cmds_per_task_beyond_idle_ratio.{name}.{side}.n{n}"] = round(
+                    median([v[1] for v in per[side]]) / base_marginal, 2)
+        for side, lists in r.get("pickup", {}).items():
+            for label, values in lists.items():
+                out[f"pickup_p99_ms.{side}.{label.replace(' ', '_')}.n{n}"] = round(pct(values, 99) * 1000, 1)
+        if r.get("at_rest"):
+            out[f"movers_at_rest_cmds_s.n{n}"] = round(r["at_rest"]["mover_cmds_s"], 2)
+        if "dlq-before" in r.get("idle", {}):   # --before: the after/before ratios, dlq over dlq-before
+            after, before = (median([w[0] for w in r["idle"][side]]) for side in ("dlq", "dlq-before"))
+            if before:
+                out[f"after_before.idle_cmds_s_per_worker.n{n}"] = round(after / before, 2)
+            for name, *_ in LOADS:
+                per = r.get("per_task", {}).get(name, {})
+                for side in ("dlq", "dlq-before"):
+                    out[f"cmds_per_task.{name}.{side}.n{n}"] = round(median([v[0] for v in per[side]]), 1)
+                for i, figure in enumerate(("cmds_per_task", "cmds_per_task_beyond_idle")):
+                    after, before = (median([v[i] for v in per[side]]) for side in ("dlq", "dlq-before"))
+                    if before:
+                        out[f"after_before.{figure}.{name}.n{n}"] = round(after / before, 2)
+    for side in (side for side in SIDES if side != "celery"):   # the largest gap to Celery's, over N and lists
+        gaps = [value - out[celery] for key, value in list(out.items()) if key.startswith(f"pickup_p99_ms.{side}.")
+                and (celery := key.replace(f".{side}.", ".celery.", 1)) in out]
+        if gaps:
+            out[f"pickup_p99_gap_max_ms.{side}"] = round(max(gaps), 1)
+    return out
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ if MODE not in MODES:
     raise SystemExit(f"BENCH_MODE must be one of {MODES}, got {MODE!r}")
 #: The retry schedule every side is given.
 BACKOFF_FIRST, BACKOFF_MAX, RETRIES = 1.0, 30.0, 20
-BREAKER = {"breaker": True, "breaker_min_failures": 20, "breaker_failure_ratio": 0.5, "breaker_cooldown": 5.0,
-           "breaker_cooldown_multiplier": 2.0, "breaker_max_cooldown": 30.0, "breaker_release_rate": 50.0,
-           "breaker_max_release_rate": 1000.0}
+BREAKER = {"breaker": {"enabled": True, "min_failures": 20, "failure_ratio": 0.5, "cooldown": 5.0,
+                       "cooldown_multiplier": 2.0, "max_cooldown": 30.0, "release_rate": 50.0,
+                       "max_release_rate": 1000.0}}
 
 app = Celery("storm", broker=BROKER, set_as_current=True)
 app.conf.update(task_default_queue=QUEUE, task_ignore_result=True, worker_hijack_root_logger=False,
@@ -42,14 +42,21 @@ _client = redis.Redis.from_url(BROKER)
 options: dict = {}
 Base: type[Task] = Task
 if MODE.startswith("dlq"):
+    from dataclasses import fields
+
     from celery_dlq import RedeliveryTask
+    from celery_dlq.policy import RedeliveryPolicy
 
     app.conf.update(dlq_key_prefix=PREFIX)
     Base = RedeliveryTask
+    breaker = BREAKER if MODE == "dlq_breaker" else {}
+    if breaker and "breaker_min_failures" in {f.name for f in fields(RedeliveryPolicy)}:
+        # an earlier package (bench/storm.py --before), from before the breaker's options were nested: flat names
+        breaker = {"breaker": True, **{f"breaker_{name}": value for name, value in BREAKER["breaker"].items()
+                                       if name != "enabled"}}
     options["redelivery_policy"] = {"redelivery_delay": BACKOFF_FIRST, "redelivery_multiplier": 2.0,
                                     "max_redelivery_delay": BACKOFF_MAX, "max_delivery_attempts": RETRIES + 1,
-                                    "redelivery_collision_avoidance_factor": 0.2,
-                                    **(BREAKER if MODE == "dlq_breaker" else {})}
+                                    "redelivery_collision_avoidance_factor": 0.2, **breaker}
 else:
     options.update(autoretry_for=(ConnectionError,), retry_backoff=BACKOFF_FIRST, retry_backoff_max=BACKOFF_MAX,
                    retry_jitter=True, max_retries=RETRIES)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import results as results_file  # noqa: E402
 from bench.common import (  # noqa: E402
     BenchWorker,
     RedisServer,
@@ -82,7 +83,9 @@ def one_run(server: RedisServer, mode: str, n: int, run: int) -> tuple[float, fl
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    results_file.add_argument(p)
+    args = p.parse_args()
     n, rounds = (2000, 1) if args.quick else (10000, 3)
     server = RedisServer().start()
     try:
@@ -140,6 +143,12 @@ def main() -> None:
     fetch_time = (median(times["dlq"]) / median(times["dlq_kombufetch"]) - 1) * 100
     print(f"celery-dlq's fetch against kombu's (both persist on): CPU per task {fetch_cpu:+.1f}%, "
           f"wall time {fetch_time:+.1f}%")
+    results_file.write(args.results, "success_overhead", {
+        "tasks": n, "rounds": rounds, "cpu_vs_celery_pct.persist_on": round(cpu_on, 1),
+        "cpu_vs_celery_pct.persist_off": round(cpu_off, 1), "time_vs_celery_pct.persist_on": round(on, 1),
+        "time_vs_celery_pct.persist_off": round(off, 1), "fetch_cpu_vs_kombu_pct": round(fetch_cpu, 1),
+        **{f"cpu_us_per_task.{mode}": round(total[mode]) for mode in VARIANTS}},
+        results_file.ENGINE)
 
 
 if __name__ == "__main__":

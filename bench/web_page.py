@@ -37,6 +37,7 @@ import redis  # noqa: E402
 import uvicorn  # noqa: E402
 from celery import Celery  # noqa: E402
 
+from bench import results as results_file  # noqa: E402
 from bench.common import RedisServer, machine, parser, pct, redis_server_version, timed_call  # noqa: E402
 from bench.replay import fill  # noqa: E402
 from celery_dlq.fingerprint import group_id  # noqa: E402
@@ -105,6 +106,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--settle", type=float, default=20.0, help="seconds of arrivals before the first timed GET")
+    results_file.add_argument(p)
     args = p.parse_args()
     if args.quick:
         args.depth, args.rounds, args.settle = 20_000, 10, 5.0
@@ -155,6 +157,13 @@ def main() -> None:
             p95 = pct(values, 95)
             print(f"| {name} | {statistics.median(values):.1f} | {p95:.1f} | {max(values):.1f} | "
                   f"{'met' if p95 < target else 'MISSED'} (p95 < {target:.0f}) |")
+        figures: dict = {"depth": args.depth, "rounds": args.rounds}
+        for name, values in times.items():
+            key = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+            figures[f"p50_ms.{key}"] = round(statistics.median(values), 1)
+            figures[f"p95_ms.{key}"] = round(pct(values, 95), 1)
+        results_file.write(args.results, "web_page", figures, ["celery_dlq/web/", "celery_dlq/ops/",
+                                                               "celery_dlq/storage/"], redis_server_version(client))
     finally:
         if arrivals is not None:
             arrivals.stop.set()

@@ -17,16 +17,17 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from celery_dlq.breaker_policy import BreakerPolicy
 from celery_dlq.errors import ConfigurationError, DLQError, StoreError
 from celery_dlq.headers import Reason
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.signals import task_dead_lettered, task_redelivery_scheduled
 
 if TYPE_CHECKING:
+    from celery_dlq.worker.features.snooze import Snooze
     from celery_dlq.worker.install import install, resolve_policy
+    from celery_dlq.worker.run.task import Redeliver, RedeliveryTask
     from celery_dlq.worker.runtime import delivery_count
-    from celery_dlq.worker.snooze import Snooze
-    from celery_dlq.worker.task import Redeliver, RedeliveryTask
 
 __version__ = "0.1.0"
 
@@ -36,9 +37,9 @@ _WORKER = {
     "install": "celery_dlq.worker.install",
     "resolve_policy": "celery_dlq.worker.install",
     "delivery_count": "celery_dlq.worker.runtime",
-    "Redeliver": "celery_dlq.worker.task",
-    "RedeliveryTask": "celery_dlq.worker.task",
-    "Snooze": "celery_dlq.worker.snooze",
+    "Redeliver": "celery_dlq.worker.run.task",
+    "RedeliveryTask": "celery_dlq.worker.run.task",
+    "Snooze": "celery_dlq.worker.features.snooze",
 }
 
 
@@ -56,6 +57,7 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 __all__ = [
+    "BreakerPolicy",
     "ConfigurationError",
     "DLQError",
     "Reason",

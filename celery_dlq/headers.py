@@ -33,7 +33,7 @@ PAYLOAD_HASH = "x-dlq-payload-hash"              # message.payload_hash of the l
 # Replays (operator tools):
 REPLAYED_AT = "x-dlq-replayed-at"
 REPLAY_COUNT = "x-dlq-replay-count"
-# Waits that are not failures (worker/snooze.py):
+# Waits that are not failures (worker/features/snooze.py):
 SNOOZES = "x-dlq-snoozes"                        # how often the task snoozed (used no attempt)
 SNOOZED_SECONDS = "x-dlq-snoozed-seconds"        # the seconds of those snoozes, in all
 

@@ -18,7 +18,8 @@ Specificity, a total order (most specific first), compares in turn:
 
 When several patterns of one mapping match, the most specific supplies its
 fields and the less specific ones fill in only the fields it leaves unset,
-as Artemis merges address settings.
+as Artemis merges address settings. A nested field (``breaker``, a mapping
+of options) merges the same way, option by option.
 """
 from __future__ import annotations
 
@@ -124,9 +125,15 @@ class PatternMap:
 
 
 def merge_fields(layers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Merge partial field mappings, the first layer winning field by field."""
+    """Merge partial field mappings, the first layer winning field by field, and in a nested mapping key by
+    key (one layer may set ``breaker.min_failures`` and another ``breaker.window``)."""
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            merged.setdefault(key, value)
+            if not isinstance(value, Mapping):
+                merged.setdefault(key, value)
+            elif key not in merged:
+                merged[key] = merge_fields([value])
+            elif isinstance(merged[key], dict):
+                merged[key] = merge_fields([merged[key], value])
     return merged

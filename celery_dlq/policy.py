@@ -9,24 +9,28 @@ snake_case, with delays in seconds as Celery users expect.
 Artemis. Celery's ``max_retries`` counts *re*-tries, so
 ``max_delivery_attempts = max_retries + 1`` (Celery's default of 3 retries is
 4 delivery attempts; our default of 10 attempts is 9 retries).
+
+The circuit breaker's options are one nested field, ``breaker`` (a
+:class:`~celery_dlq.breaker_policy.BreakerPolicy`, given as a mapping: ``breaker={"enabled": True,
+"min_failures": 5}``); levels merge it key by key. Its flat spellings of
+version 1 (``breaker_window``, ``auto_redrive``...) are still accepted, with
+a ``DeprecationWarning``, until the next release (:data:`FLAT_BREAKER_NAMES`).
 """
 from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from numbers import Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kombu.utils.imports import symbol_by_name
-
+from celery_dlq import validators as V
+from celery_dlq.breaker_policy import BREAKER_FIELD_NAMES, BREAKER_MANUAL, BreakerPolicy, validate_breaker_fields
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.workflow import CHORD_RULES, CHORD_WAIT
 
 UNLIMITED = -1
-#: ``breaker``: held by hand only (``celery dlq pause``), never opened by failures.
-BREAKER_MANUAL = "manual"
 #: ``expired``: what becomes of a message whose ``expires`` passes before its next delivery.
 EXPIRED_DEAD_LETTER, EXPIRED_DROP = "dead_letter", "drop"
 
@@ -59,116 +63,30 @@ def compute_delay(n: int, *, delay: float, multiplier: float, cap: float,
     return wait
 
 
-# -- field validators: each returns the normalized value or raises ---------
-
-def _fail(name: str, value: Any, expected: str) -> ConfigurationError:
-    return ConfigurationError(f"{name} must be {expected}, got {value!r}")
-
-
-def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
-        raise _fail(name, value, "a finite number of seconds >= 0")
-    return float(value)
-
-
-def _multiplier(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 1.0:
-        raise _fail(name, value, "a finite number >= 1.0")
-    return float(value)
-
-
-def _factor(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) <= 1.0:
-        raise _fail(name, value, "a number in [0.0, 1.0]")
-    return float(value)
-
+# -- rules of one field each (the shared ones: celery_dlq.validators) --------
 
 def _attempts(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != UNLIMITED):
-        raise _fail(name, value, "an integer >= 1, or -1 for unlimited")
+        raise V.fail(name, value, "an integer >= 1, or -1 for unlimited")
     return value
 
 
 def _dead_letter(name: str, value: Any) -> bool | str:
     if isinstance(value, bool) or (isinstance(value, str) and value.strip()):
         return value
-    raise _fail(name, value, "True (per-queue DLQ), False (drop) or a queue name")
+    raise V.fail(name, value, "True (per-queue DLQ), False (drop) or a queue name")
 
 
 def _expired(name: str, value: Any) -> str:
     if value not in (EXPIRED_DEAD_LETTER, EXPIRED_DROP):
-        raise _fail(name, value, f"{EXPIRED_DEAD_LETTER!r} or {EXPIRED_DROP!r}")
+        raise V.fail(name, value, f"{EXPIRED_DEAD_LETTER!r} or {EXPIRED_DROP!r}")
     return value
 
 
 def _chord_rule(name: str, value: Any) -> str:
     if value not in CHORD_RULES:
-        raise _fail(name, value, " or ".join(repr(rule) for rule in CHORD_RULES))
+        raise V.fail(name, value, " or ".join(repr(rule) for rule in CHORD_RULES))
     return value
-
-
-def _string(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise _fail(name, value, "a string")
-    return value
-
-
-def _breaker(name: str, value: Any) -> bool | str:
-    if value is True or value is False or value == BREAKER_MANUAL:
-        return value
-    raise _fail(name, value, f"True (automatic), {BREAKER_MANUAL!r} (pause and resume only) or False")
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise _fail(name, value, "a finite number > 0")
-    return float(value)
-
-
-def _ratio(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < float(value) <= 1.0:
-        raise _fail(name, value, "a number in (0.0, 1.0]")
-    return float(value)
-
-
-def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(name, value, "an integer >= 1")
-    return value
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(name, value, "True or False")
-    return value
-
-
-def _optional_seconds(name: str, value: Any) -> float | None:
-    return None if value is None else _seconds(name, value)
-
-
-def _optional_length(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(name, value, "None or an integer >= 1")
-    return value
-
-
-def _exception_types(name: str, value: Any) -> tuple[type[BaseException], ...]:
-    """Accept one type, a sequence of types, or dotted names ("pkg.mod:Error")."""
-    items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
-    types = []
-    for item in items:
-        if isinstance(item, str):
-            try:
-                item = symbol_by_name(item)
-            except (ImportError, AttributeError, ValueError) as exc:
-                raise ConfigurationError(f"{name}: cannot import {item!r}: {exc}") from exc
-        if not (isinstance(item, type) and issubclass(item, BaseException)):
-            raise _fail(name, item, "an exception class (or a sequence of them)")
-        types.append(item)
-    return tuple(types)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,24 +117,15 @@ class RedeliveryPolicy:
     #: A dead-lettered chord member's chord: "wait" for its replay, "fail" now, "continue" without it
     #: (celery_dlq.workflow, docs/workflows.md); a message's ``x-dlq-chord-rule`` header overrides it.
     chord_rule: str = CHORD_WAIT
-    #: Circuit breaker per failure group (docs/operating.md#handling-an-incident): True opens on failures and
-    #: obeys pause/resume; "manual" obeys pause/resume only; False (default) costs nothing.
-    breaker: bool | str = False
-    breaker_window: float = 60.0              # seconds over which failures and successes are counted
-    breaker_min_failures: int = 20            # failures of one group in the window before it may open
-    breaker_failure_ratio: float = 0.5        # ... and their share of the window's outcomes
-    breaker_cooldown: float = 10.0            # seconds open before one delivery probes
-    breaker_cooldown_multiplier: float = 2.0  # each failed probe multiplies the cool-down ...
-    breaker_max_cooldown: float = 300.0       # ... up to this
-    breaker_release_rate: float = 10.0        # held deliveries released per second after a close, doubling ...
-    breaker_max_release_rate: float = 500.0   # ... each second up to this
-    auto_redrive: bool = False                # replay the group's dead letters when its breaker closes
+    #: Circuit breaker per failure group (:class:`BreakerPolicy`), given as a mapping of its options
+    #: (``{"enabled": True, "min_failures": 5}``); True, "manual" or False is short for ``{"enabled": ...}``.
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     max_snoozes: int = 100                    # snoozes (waits that use no attempt) before it counts as a failure
     max_snooze_time: float = 86400.0          # seconds of snoozing in all, likewise
     explicit_fields: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, check in VALIDATORS.items():
+        for name, check in _BUILDERS.items():
             object.__setattr__(self, name, check(name, getattr(self, name)))
         if self.max_redelivery_delay is None:
             object.__setattr__(self, "max_redelivery_delay", 10 * self.redelivery_delay)
@@ -267,93 +176,141 @@ class RedeliveryPolicy:
         """The queue an expired message from ``queue`` goes to; None when it is dropped."""
         return None if self.expired == EXPIRED_DROP else self.dead_letter_queue(queue)
 
-    @property
-    def breaker_counts(self) -> bool:
-        """Whether failures open this task's breakers (``breaker=True``), not only a manual pause."""
-        return self.breaker is True
-
     def snooze_left(self, snoozes: int, snoozed: float, seconds: float) -> bool:
         """Whether one more snooze of ``seconds`` stays within ``max_snoozes`` and ``max_snooze_time``."""
         return (self.max_snoozes == UNLIMITED or snoozes < self.max_snoozes) \
             and snoozed + seconds <= self.max_snooze_time
 
     def as_fields(self) -> dict[str, Any]:
-        """The explicit fields only, as a mapping (for merging)."""
-        return {name: getattr(self, name) for name in self.explicit_fields}
+        """The explicit fields only, as a mapping (for merging); ``breaker`` as the options it sets."""
+        return {name: self.breaker.as_fields() if name == "breaker" else getattr(self, name)
+                for name in self.explicit_fields}
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
+        def __getattr__(self, name: str) -> Any:
+            """The flat breaker attributes (``policy.breaker_window``...), deprecated: read ``policy.breaker``."""
+            option = _DEPRECATED_READS.get(name)
+            if option is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            warnings.warn(f"RedeliveryPolicy.{name} is deprecated and will be removed in the next release: "
+                          f"read policy.breaker.{option}", DeprecationWarning, stacklevel=2)
+            return getattr(self.breaker, option)
+
+
+#: The flat spellings of the breaker's options, before they were nested (deprecated, accepted until the next
+#: release with a DeprecationWarning): flat name -> option of ``breaker``.
+FLAT_BREAKER_NAMES = {
+    "breaker_window": "window",
+    "breaker_min_failures": "min_failures",
+    "breaker_failure_ratio": "failure_ratio",
+    "breaker_cooldown": "cooldown",
+    "breaker_cooldown_multiplier": "cooldown_multiplier",
+    "breaker_max_cooldown": "max_cooldown",
+    "breaker_release_rate": "release_rate",
+    "breaker_max_release_rate": "max_release_rate",
+    "auto_redrive": "auto_redrive",
+}
+assert set(FLAT_BREAKER_NAMES.values()) == BREAKER_FIELD_NAMES - {"enabled"}
+_DEPRECATED_READS = {**FLAT_BREAKER_NAMES, "breaker_counts": "opens_on_failures"}
+
+
+def _breaker(name: str, value: Any) -> dict[str, Any]:
+    """``breaker`` as the options it sets, validated: from a mapping, a :class:`BreakerPolicy`, or the short form."""
+    if isinstance(value, BreakerPolicy):
+        return value.as_fields()
+    if isinstance(value, Mapping):
+        return validate_breaker_fields(value, name)
+    if value is True or value is False or value == BREAKER_MANUAL:
+        return {"enabled": value}
+    raise V.fail(name, value, "a mapping of breaker options, or True, 'manual' or False (short for {'enabled': ...})")
+
+
+def _breaker_policy(name: str, value: Any) -> BreakerPolicy:
+    return value if isinstance(value, BreakerPolicy) else BreakerPolicy(**_breaker(name, value))
 
 
 VALIDATORS = {
-    "redelivery_delay": _seconds,
-    "redelivery_multiplier": _multiplier,
-    "max_redelivery_delay": _optional_seconds,
-    "redelivery_collision_avoidance_factor": _factor,
+    "redelivery_delay": V.seconds,
+    "redelivery_multiplier": V.multiplier,
+    "max_redelivery_delay": V.optional_seconds,
+    "redelivery_collision_avoidance_factor": V.factor,
     "max_delivery_attempts": _attempts,
-    "redelivery_full_jitter": _flag,
+    "redelivery_full_jitter": V.flag,
     "dead_letter": _dead_letter,
-    "dead_letter_queue_prefix": _string,
-    "dead_letter_queue_suffix": _string,
-    "retry_on": _exception_types,
-    "dead_letter_on": _exception_types,
-    "persist_delivery_count_before_delivery": _flag,
-    "dead_letter_ttl": _optional_seconds,
-    "dead_letter_max_length": _optional_length,
+    "dead_letter_queue_prefix": V.string,
+    "dead_letter_queue_suffix": V.string,
+    "retry_on": V.exception_types,
+    "dead_letter_on": V.exception_types,
+    "persist_delivery_count_before_delivery": V.flag,
+    "dead_letter_ttl": V.optional_seconds,
+    "dead_letter_max_length": V.optional_length,
     "expired": _expired,
     "chord_rule": _chord_rule,
-    "breaker": _breaker,
-    "breaker_window": _positive,
-    "breaker_min_failures": _count,
-    "breaker_failure_ratio": _ratio,
-    "breaker_cooldown": _positive,
-    "breaker_cooldown_multiplier": _multiplier,
-    "breaker_max_cooldown": _positive,
-    "breaker_release_rate": _positive,
-    "breaker_max_release_rate": _positive,
-    "auto_redrive": _flag,
+    "breaker": _breaker,       # a partial policy keeps the options set; the policy builds a BreakerPolicy
     "max_snoozes": _attempts,
-    "max_snooze_time": _seconds,
+    "max_snooze_time": V.seconds,
 }
+_BUILDERS = {**VALIDATORS, "breaker": _breaker_policy}
 FIELD_NAMES = frozenset(VALIDATORS)
 assert FIELD_NAMES == {f.name for f in fields(RedeliveryPolicy) if f.init}
+#: Every field as ``celery dlq policy`` shows it, the breaker's options one by one (``breaker.window``).
+FIELD_PATHS = tuple(sorted((FIELD_NAMES - {"breaker"}) | {f"breaker.{option}" for option in BREAKER_FIELD_NAMES}))
 
 
-def _track_explicit_fields(cls: type[RedeliveryPolicy]) -> None:
-    """Remember which fields the caller passed, so merging can tell "unset" from "default"."""
-    generated_init = cls.__init__
+def nest_flat_names(fields_: Mapping[str, Any], where: str, stacklevel: int = 1) -> Mapping[str, Any]:
+    """``fields_`` with each flat breaker name (``breaker_window``...) moved into ``breaker``, with a warning.
 
-    def __init__(self: RedeliveryPolicy, **kwargs: Any) -> None:
-        unknown = sorted(set(kwargs) - FIELD_NAMES)
-        if unknown:
-            raise ConfigurationError(f"unknown policy field {unknown[0]!r}{_suggest(unknown[0])}")
-        generated_init(self, **kwargs)
-        object.__setattr__(self, "explicit_fields", frozenset(kwargs))
+    Setting one option both ways (``breaker_window`` and ``breaker={"window": ...}``) is an error. The
+    warning points ``stacklevel`` frames up from this function's caller (1: the caller itself).
+    """
+    flat = [key for key in fields_ if key in FLAT_BREAKER_NAMES]
+    if not flat:
+        return fields_
+    out = {key: value for key, value in fields_.items() if key not in FLAT_BREAKER_NAMES}
+    nested = _options_of(out.get("breaker", {}))
+    for key in flat:
+        option = FLAT_BREAKER_NAMES[key]
+        if option in nested:
+            raise ConfigurationError(f"{where}: {key!r} and 'breaker' both set breaker.{option}: "
+                                     f"keep 'breaker': {{{option!r}: ...}} only")
+        warnings.warn(f"{where}: the policy field {key!r} is deprecated and will be an error in the next "
+                      f"release: write 'breaker': {{{option!r}: {fields_[key]!r}}}",
+                      DeprecationWarning, stacklevel=stacklevel + 1)
+        nested[option] = fields_[key]
+    out["breaker"] = nested
+    return out
 
-    __init__.__doc__ = generated_init.__doc__
-    cls.__init__ = __init__  # type: ignore[method-assign]
+
+def _options_of(value: Any) -> dict[str, Any]:
+    """The options a ``breaker`` value sets, not yet validated (the short form: ``enabled``)."""
+    if isinstance(value, BreakerPolicy):
+        return value.as_fields()
+    return dict(value) if isinstance(value, Mapping) else {"enabled": value}
 
 
-_track_explicit_fields(RedeliveryPolicy)
+def _nest_arguments(kwargs: dict[str, Any]) -> Mapping[str, Any]:
+    return nest_flat_names(kwargs, "RedeliveryPolicy", stacklevel=3)  # here, __init__, the caller
 
 
-def _suggest(name: str) -> str:
-    import difflib
-    close = difflib.get_close_matches(name, sorted(FIELD_NAMES), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+V.track_explicit_fields(RedeliveryPolicy, FIELD_NAMES, "policy field", _nest_arguments)
 
 
 def validate_fields(fields_: Any, where: str) -> dict[str, Any]:
     """Validate a partial policy (a mapping of some fields) and normalize its values.
 
-    Each error names ``where`` (the setting and pattern) and the key. Cross-field
-    rules are checked when the merged policy is built.
+    Each error names ``where`` (the setting and pattern) and the key. ``breaker``
+    becomes the mapping of the options it sets, and a flat breaker name is moved
+    into it (:func:`nest_flat_names`). Cross-field rules are checked when the
+    merged policy is built.
     """
     if isinstance(fields_, RedeliveryPolicy):
         return fields_.as_fields()
     if not isinstance(fields_, Mapping):
         raise ConfigurationError(f"{where}: expected a mapping of policy fields, got {fields_!r}")
     out = {}
-    for key, value in fields_.items():
+    for key, value in nest_flat_names(fields_, where, stacklevel=2).items():
         if key not in VALIDATORS:
-            raise ConfigurationError(f"{where}: unknown policy field {key!r}{_suggest(str(key))}")
+            raise ConfigurationError(f"{where}: unknown policy field {key!r}{V.suggest(str(key), FIELD_NAMES)}")
         try:
             out[key] = VALIDATORS[key](key, value)
         except ConfigurationError as exc:

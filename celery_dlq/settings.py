@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from numbers import Real
@@ -17,7 +18,7 @@ from typing import Any
 
 from celery_dlq.errors import ConfigurationError
 from celery_dlq.matching import PatternMap, merge_fields
-from celery_dlq.policy import FIELD_NAMES, RedeliveryPolicy, validate_fields
+from celery_dlq.policy import FIELD_PATHS, RedeliveryPolicy, validate_fields
 from celery_dlq.tasklevel import TASK_POLICY, Level, is_task_level
 from celery_dlq.urls import canonical, is_sentinel, sanitize
 
@@ -46,7 +47,6 @@ DEFAULTS: dict[str, Any] = {
     "dlq_fetch_wait": 1.0,          # idle: longest blocking wait before the fetch looks at every list again;
                                     # kept below kombu's health check of a blocked fetch (internals.kombu_redis)
     "dlq_fetch_listener": True,     # one worker hears pushes and wakes one idle fetch per message (Redis broker)
-    "dlq_fetch_notifications": "auto",  # obsolete (the fetch listener needs no notifications): accepted, ignored
     "dlq_fetch_moves_due": True,    # a fetch first moves due parked retries of its own queues (Redis broker)
     "dlq_web_token": None,          # the web dashboard's token (celery dlq web); CELERY_DLQ_WEB_TOKEN wins
     "dlq_redis_cluster": False,     # dlq_redis_url names a node of a Redis Cluster (redis-py's RedisCluster)
@@ -55,6 +55,11 @@ DEFAULTS: dict[str, Any] = {
     "dlq_store_replica_timeout": 1.0,  # the longest WAIT, seconds
     "dlq_jobs_poll": 5.0,           # a worker looks this often for redrive jobs nobody runs (0: it runs none)
     "dlq_breaker_refresh": 1.0,     # a worker reads the breakers' index at most this often (tasks with a breaker)
+}
+
+#: Settings that no longer have an effect -> why. Each gives a DeprecationWarning; the next release refuses them.
+REMOVED: dict[str, str] = {
+    "dlq_fetch_notifications": "the fetch listener needs no keyspace notifications",
 }
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -81,16 +86,6 @@ def _count_or_zero(name: str, value: Any) -> int:
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-#: ``dlq_fetch_notifications`` (obsolete): the values it took, still accepted so a configuration keeps working.
-FETCH_NOTIFICATIONS = ("auto", "off", "configure")
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigurationError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
 
 
@@ -140,7 +135,6 @@ class DLQSettings:
         if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{}"):
             raise ConfigurationError(
                 f"dlq_key_prefix must be a non-empty string without braces, got {prefix!r}")
-        _choice("dlq_fetch_notifications", get("dlq_fetch_notifications"), FETCH_NOTIFICATIONS)
         mover_lease = _positive("dlq_mover_lease", get("dlq_mover_lease"))
         heartbeat = get("dlq_heartbeat_interval")
         heartbeat = min(2.5, mover_lease / 4) if heartbeat is None else _positive("dlq_heartbeat_interval", heartbeat)
@@ -236,7 +230,11 @@ class DLQSettings:
 
     def explain(self, task_name: str, queue: str | None,
                 task_levels: Iterable[Level] | Mapping[str, Any] = ()) -> tuple[RedeliveryPolicy, dict[str, str]]:
-        """The effective policy and, for every field, the level it came from (``celery dlq policy``)."""
+        """The effective policy and, for every field, the level it came from (``celery dlq policy``).
+
+        The origins are keyed by :data:`celery_dlq.policy.FIELD_PATHS`: ``breaker.window`` and so on for
+        the nested breaker, whose options merge one by one.
+        """
         levels = self.levels(task_name, queue, task_levels)
         merged = merge_fields(fields for _, fields in levels)
         where = f"policy for task {task_name!r} on queue {queue!r}"
@@ -244,12 +242,13 @@ class DLQSettings:
             policy = RedeliveryPolicy(**merged)
         except ConfigurationError as exc:
             raise ConfigurationError(f"{where}: {exc}") from None
-        origins: dict[str, str] = {}
+        origins: dict[str, str] = {}    # by field path: "breaker.window" for an option of the nested breaker
         for origin, fields in levels:
-            for name in fields:
-                origins.setdefault(name, origin)
-        for name in FIELD_NAMES:
-            origins.setdefault(name, BUILT_IN)
+            for name, value in fields.items():
+                for path in ([f"{name}.{key}" for key in value] if isinstance(value, Mapping) else [name]):
+                    origins.setdefault(path, origin)
+        for path in FIELD_PATHS:
+            origins.setdefault(path, BUILT_IN)
         if "max_redelivery_delay" not in merged:
             origins["max_redelivery_delay"] = f"{BUILT_IN} (10 x redelivery_delay)"
         return policy, origins
@@ -271,9 +270,12 @@ class DLQSettings:
 
 
 def check_unknown(conf: Mapping[str, Any]) -> None:
-    """Refuse ``dlq_*`` names we do not know, suggesting the closest one."""
+    """Refuse ``dlq_*`` names we do not know, suggesting the closest one; warn of :data:`REMOVED` ones."""
     for name in list(conf.keys()):
-        if isinstance(name, str) and name.startswith("dlq_") and name not in DEFAULTS:
+        if name in REMOVED:
+            warnings.warn(f"{name} has no effect ({REMOVED[name]}) and will be an error in the next release: "
+                          f"remove it", DeprecationWarning, stacklevel=3)
+        elif isinstance(name, str) and name.startswith("dlq_") and name not in DEFAULTS:
             close = difflib.get_close_matches(name, list(DEFAULTS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigurationError(f"unknown setting {name!r}{hint}")

@@ -6,6 +6,7 @@
 #
 #   scripts/contract.sh                      # the diagonal (what CI runs)
 #   CONTRACT_SESSION=contract scripts/contract.sh   # the full grid
+#   CONTRACT_LOGS=DIR ...                           # keep each job's nox log and report in DIR
 #
 # uv's cache lives in .nox/uv-cache (UV_CACHE_DIR to override): a fresh clone downloads what it needs, as CI
 # does; a Python missing from PATH and pyenv is downloaded by uv. redis-server must be on PATH (scripts/test.sh
@@ -37,7 +38,8 @@ if [ "${#sessions[@]}" -eq 0 ]; then
     exit 1
 fi
 
-logs=$(mktemp -d)
+logs=${CONTRACT_LOGS:-$(mktemp -d)}
+mkdir -p "$logs"
 started=$(date +%s)
 pids=()
 for ((job = 0; job < JOBS; job++)); do
@@ -56,5 +58,5 @@ for log in "$logs"/*.log; do
 done
 echo "contract: ${#sessions[@]} $SESSION sessions, $JOBS at a time, in $(( $(date +%s) - started )) s"
 grep -h -E "^nox > (Session .* (was successful|failed)|contract seconds)" "$logs"/*.log || true
-rm -rf "$logs"
+[ -z "${CONTRACT_LOGS:-}" ] && rm -rf "$logs"
 exit "$status"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -89,14 +90,10 @@ class StreamState:
     added: int | None
 
     @classmethod
-    def read(cls, client: Any, key: str) -> StreamState | None:
-        """The state of stream ``key`` (one ``XINFO STREAM``, atomic), or None if there is no stream."""
-        try:
-            info = client.xinfo_stream(key)
-        except Exception as exc:  # no such key
-            if "no such key" in str(exc).lower():
-                return None
-            raise
+    def of(cls, info: Mapping[str, Any] | None) -> StreamState | None:
+        """The state a stream's ``XINFO STREAM`` reply gives (``EventLog.info``), or None if there is no stream."""
+        if info is None:
+            return None
         first = info.get("first-entry")
         return cls(last_id=as_text(info["last-generated-id"]), length=int(info["length"]),
                    first_id=as_text(first[0]) if first else None,

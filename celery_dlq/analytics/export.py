@@ -35,6 +35,7 @@ stream id, ``<ms>-<seq>-<s>``, so ids stay unique across streams.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -173,7 +174,8 @@ def _bytes(value: Any) -> bytes | None:
 
 
 def _write_partitioned(table: pa.Table, fs: pafs.FileSystem, base: str, basename: str) -> list[str]:
-    written: list[str] = []
+    # No file_visitor: Arrow can release a Python callback on its I/O thread after write_dataset returns, and
+    # taking the GIL at interpreter exit aborts the process (apache/arrow#34314, python/cpython#87135).
     ds.write_dataset(
         table, base, filesystem=fs, format="parquet",
         partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
@@ -181,9 +183,16 @@ def _write_partitioned(table: pa.Table, fs: pafs.FileSystem, base: str, basename
         existing_data_behavior="overwrite_or_ignore",
         file_options=ds.ParquetFileFormat().make_write_options(compression="zstd"),
         max_partitions=1_000_000, max_open_files=1024, use_threads=True,
-        file_visitor=lambda written_file: written.append(written_file.path),
     )
-    return written
+    return _written(fs, base, basename, pc.unique(table.column(DATE_PARTITION)).to_pylist())
+
+
+def _written(fs: pafs.FileSystem, base: str, basename: str, days: list[str]) -> list[str]:
+    """The files ``<basename><i>.parquet`` under the ``dt`` directories of ``days``."""
+    name = re.compile(re.escape(basename) + r"\d+\.parquet")
+    return [info.path for day in days
+            for info in fs.get_file_info(pafs.FileSelector(f"{base}/{DATE_PARTITION}={day}", recursive=True))
+            if info.type == pafs.FileType.File and name.fullmatch(info.base_name)]
 
 
 def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
@@ -202,7 +211,7 @@ def export_events(client: Any, keys: Any, out: str, *, read_count: int = 10_000,
         delete_pending(fs, base, checkpoint.pending)
         checkpoint.pending = None
         checkpoint.save(fs, root)
-    state = StreamState.read(client, log.key)
+    state = StreamState.of(log.info())
     if state is None or (checkpoint.last_id and parse_id(state.last_id) <= parse_id(checkpoint.last_id)):
         return ExportResult(last_id=checkpoint.last_id, seconds=time.perf_counter() - started)
     lost = state.lost_after(checkpoint)

@@ -1,6 +1,7 @@
-"""``celery dlq audit``: who replayed, purged, edited, paused, resumed or cancelled what, when and why.
+"""``celery dlq audit``: who replayed, purged, edited, paused, resumed or cancelled what, deleted or redelivered
+which parked retries, revoked whose sessions, when and why.
 
-Thin over :mod:`celery_dlq.ops.audit`; newest first.
+Thin over :mod:`celery_dlq.ops.audit`; newest first, the privileged actions' stream and the others' merged.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from celery_dlq.ops.audit import Audit
 def _what(record: dict) -> str:
     selection = record.get("selection") or {}
     what = selection.get("described") or ("plan " + str(selection["plan"]) if selection.get("plan") else "")
+    if record.get("revoked_user"):
+        what = f"sessions of {record['revoked_user']}"
     if record.get("job_id"):
         what = f"job {record['job_id']}" + (f": {what}" if what else "")
     return what

@@ -13,9 +13,9 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dlq.cli.base import EXIT_FAILED, Failure, dlq, operator
+from celery_dlq.cli.base import EXIT_FAILED, Failure, confirm, dlq, operator
 from celery_dlq.cli.options import filter_options, json_option, make_selection, why_option
-from celery_dlq.cli.output import at, echo_json, print_table
+from celery_dlq.cli.output import at, echo_json, n_of, print_table
 from celery_dlq.cli.plan import load_plan_at
 from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.jobrun import JobRunner
@@ -68,7 +68,8 @@ def jobs(ctx: click.Context, as_json: bool, limit: int) -> None:
 @click.option("--cap", type=click.FloatRange(min=0, min_open=True), help="Rising velocity: --rate doubled every "
               "--interval while the letters succeed, up to this.")
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
-@click.option("--force", is_flag=True, help="Start even when another unfinished job works this DLQ.")
+@click.option("-f", "--force", is_flag=True, help="Start even when another unfinished job works this DLQ; with "
+              "--purge, also delete without asking (there is no undo).")
 @click.option("--run", "run_here", is_flag=True, help="Run it in this process now (else any runner takes it).")
 @click.option("--plan", "plan_path", metavar="DIR", help="One job per DLQ of a report's replay plan (as replay "
               "--plan; QUEUE, ids and filters do not combine with it).")
@@ -77,7 +78,10 @@ def jobs(ctx: click.Context, as_json: bool, limit: int) -> None:
 def start(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], everything: bool, purge: bool,
           to: str | None, limit: int | None, rate: float | None, cap: float | None, interval: float, force: bool,
           run_here: bool, plan_path: str | None, why: str | None, **filters: Any) -> None:
-    """Start a job replaying (or, with --purge, deleting) dead letters of QUEUE; prints its id."""
+    """Start a job replaying (or, with --purge, deleting) dead letters of QUEUE; prints its id.
+
+    A purge asks first, as ``purge`` does, unless --force (with no terminal to ask on, it refuses).
+    """
     if cap is not None and rate is None:
         raise click.UsageError("--cap rises from --rate: give both")
     if plan_path is not None:
@@ -96,6 +100,9 @@ def start(ctx: click.Context, queue: str | None, task_ids: tuple[str, ...], ever
         raise click.UsageError("say which DLQ: QUEUE, or --plan DIR")
     selection = make_selection(task_ids, everything, filters)
     handle = _jobs(ctx)
+    if purge and not force:
+        dead = handle.op.queue(queue)
+        confirm(f"delete {n_of(dead.count(selection.selector(every=True)), 'dead letter')} from {dead.name}")
     job = handle.start(queue, selection, kind="purge" if purge else "replay", actor=Actor.of(why=why), to=to,
                        limit=limit, velocity=Velocity(rate, cap, interval), force=force)
     click.echo(f"job {job.id} started: {job.kind} of {selection.describe()} of {job.dlq}, {_rate(job)}")

@@ -7,6 +7,7 @@ from celery.bin.base import CeleryCommand
 from celery_dlq.cli.base import Failure, confirm, dlq, operator
 from celery_dlq.cli.options import json_option
 from celery_dlq.cli.output import at, cut, echo_json, n_of, print_table
+from celery_dlq.ops.audit import Audit
 
 
 @dlq.command(cls=CeleryCommand)
@@ -20,11 +21,13 @@ from celery_dlq.cli.output import at, cut, echo_json, n_of, print_table
 def parked(ctx: click.Context, queue: str | None, limit: int, delete_ids: tuple[str, ...], force: bool,
            as_json: bool) -> None:
     """Retries parked until they are due, earliest first (or delete some with --delete)."""
-    store = operator(ctx).parked
+    op = operator(ctx)
+    store = op.parked
     if delete_ids:
         if not force:
             confirm(f"delete parked retries {', '.join(delete_ids)}")
-        deleted = sum(store.delete(ident, force=True) for ident in delete_ids)
+        audit = Audit(op)
+        deleted = sum(store.delete(ident, force=True, audit=audit) for ident in delete_ids)
         if not deleted:
             raise Failure(f"nothing matched: no parked retry {', '.join(delete_ids)}")
         return click.echo(f"Deleted {n_of(deleted, 'parked retry')}.")
@@ -46,8 +49,10 @@ def redeliver(ctx: click.Context, ids: tuple[str, ...], everything: bool) -> Non
     """Make parked retries (entry or task ids, or --all) due now; workers' movers deliver them."""
     if bool(ids) == everything:
         raise click.UsageError("give parked retry ids (entry or task ids), or --all; one or the other")
-    parked = operator(ctx).parked
-    n = parked.redeliver_now() if everything else sum(parked.redeliver_now(ident) for ident in ids)
+    op = operator(ctx)
+    parked, audit = op.parked, Audit(op)
+    n = parked.redeliver_now(audit=audit) if everything else sum(parked.redeliver_now(ident, audit=audit)
+                                                                  for ident in ids)
     if not n:
         raise Failure("nothing matched: no parked retry waiting" + (f" for {', '.join(ids)}" if ids else ""))
     click.echo(f"{n_of(n, 'parked retry')} due now; the workers' movers deliver {'it' if n == 1 else 'them'}.")

@@ -3,10 +3,12 @@
 Like ``git config --show-origin``: the task's ``redelivery_policy``, its
 Celery options (``max_retries``...), which ``dlq_task_policies`` or
 ``dlq_queue_policies`` pattern, ``dlq_default_policy``, or the built-in default.
+The breaker's options merge one by one, so each is a row of its own (``breaker.window``).
 """
 from __future__ import annotations
 
 import difflib
+from operator import attrgetter
 from typing import Any
 
 import click
@@ -15,7 +17,7 @@ from celery.bin.base import CeleryCommand
 from celery_dlq.cli.base import EXIT_USAGE, Failure, dlq
 from celery_dlq.cli.options import json_option
 from celery_dlq.cli.output import echo_json, print_table
-from celery_dlq.policy import FIELD_NAMES
+from celery_dlq.policy import FIELD_PATHS
 from celery_dlq.settings import DLQSettings
 from celery_dlq.tasklevel import task_levels
 
@@ -40,8 +42,8 @@ def explain(app: Any, task_name: str, queue: str | None) -> tuple[str, list[dict
     settings = DLQSettings.from_conf(app.conf)
     levels = task_levels(task)
     policy, origins = settings.explain(task_name, queue, levels)
-    rows = [{"field": name, "value": shown(getattr(policy, name)), "from": origins[name]}
-            for name in sorted(FIELD_NAMES)]
+    rows = [{"field": path, "value": shown(attrgetter(path)(policy)), "from": origins[path]}
+            for path in FIELD_PATHS]
     return queue, rows, settings.capped_delays(task_name, queue, levels)
 
 

@@ -15,6 +15,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_dlq.cli.base import Failure, dlq, operator
+from celery_dlq.ops.audit import Audit
 
 DEFAULT_PORT = 5580
 ROLES = ("viewer", "operator", "admin")
@@ -95,9 +96,9 @@ def web_sessions(ctx: click.Context, revoke: str | None) -> None:
     """List the dashboard's live logins (user, since, until, address), or revoke a user's."""
     *_, sessions, _ = _web()
     op = operator(ctx)
-    store = sessions.Sessions(op.client, op.keys)
+    store = sessions.Sessions(op.web_sessions)
     if revoke:
-        n = store.revoke(revoke)
+        n = store.revoke(revoke, audit=Audit(op))
         logger.warning("celery-dlq web: revoked %d session(s) of user %r (celery dlq web-sessions)", n, revoke)
         click.echo(f"revoked {n} session(s) of {revoke}")
         return

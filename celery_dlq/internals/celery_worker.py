@@ -1,9 +1,9 @@
 """Celery internals: the Request's revoke path and task context, the prefork pool's pipes, consumer callbacks.
 
-celery-dlq's Request subclass (:mod:`celery_dlq.worker.request`) takes
+celery-dlq's Request subclass (:mod:`celery_dlq.worker.run.request`) takes
 over a discarded expired message in ``_announce_revoked`` and records
 results with the request's ``_context``; the pool fix
-(:mod:`celery_dlq.worker.poolfix`) wraps the hub's reset and the pool's registration through
+(:mod:`celery_dlq.worker.run.poolfix`) wraps the hub's reset and the pool's registration through
 :func:`wrap_reset_and_registration` and reads the pipe tables here; the
 consumer callbacks it wraps are public names whose arguments it relies on.
 """

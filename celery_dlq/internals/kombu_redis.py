@@ -1,6 +1,6 @@
 """kombu internals: the Redis transport's fetch, its health stamp and ack records, and a message's raw element.
 
-celery-dlq's fetch (:mod:`celery_dlq.worker.transport`) subclasses kombu's
+celery-dlq's fetch (:mod:`celery_dlq.worker.fetch.transport`) subclasses kombu's
 Redis ``Channel`` and ``QoS`` and overrides their private fetch methods,
 holds what it fetched in the virtual QoS only, and stamps each fetch for
 kombu's (>= 5.7) health check of a blocked fetch, waiting less than that

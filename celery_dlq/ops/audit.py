@@ -1,27 +1,28 @@
 """Who did what to which dead letters, when and why: the audit trail of every operator action.
 
-Every replay, purge, edit, and every job's start, pause, resume and cancel is recorded by
-:meth:`Audit.record` with an :class:`Actor`: who (the dashboard's user; ``user@host`` of the OS for the
-CLI; a name given through the Python API, by default the OS one too) and why (``--reason``). The
-record holds the selection and the counts; it goes to a capped stream and to the archive
-(``storage/audit.py``), and reads back newest first (``celery dlq audit``, the dashboard's audit page).
+Every replay, purge, edit, every job's start, pause, resume and cancel, every parked retry deleted or
+redelivered by hand and every session revoke is recorded by :meth:`Audit.record` with an :class:`Actor`:
+who (the dashboard's user; ``user@host`` of the OS for the CLI; a name given through the Python API, by
+default the OS one too) and why (``--reason``). The record holds the selection and the counts; it goes
+to one of two capped streams (privileged actions apart, so cheap ones cannot evict them) and to the
+archive (``storage/audit.py``), and reads back newest first, both streams merged (``celery dlq audit``,
+the dashboard's audit page). A record that cannot be written raises :class:`AuditNotWritten`: the
+action is refused (when it is recorded first) or reported as unaudited, never silently carried on.
 """
 from __future__ import annotations
 
 import getpass
 import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery_dlq.ops.selection import PARAMS, Selection
-from celery_dlq.storage.audit import AuditTrail
+from celery_dlq.storage.audit import AuditNotWritten, AuditTrail
 
-if TYPE_CHECKING:
-    from celery_dlq.ops.backend import Backend
-    from celery_dlq.ops.queue import Outcome
+__all__ = ["ACTIONS", "Actor", "Audit", "AuditNotWritten", "os_identity", "outcome_counts", "selection_dict"]
 
 #: What the trail records.
-ACTIONS = ("replay", "purge", "edit", "start", "pause", "resume", "cancel", "stop")
+ACTIONS = ("replay", "purge", "edit", "start", "pause", "resume", "cancel", "stop", "redeliver", "delete", "revoke")
 
 
 def os_identity() -> str:
@@ -57,8 +58,9 @@ def selection_dict(selection: Selection | None) -> dict:
             "described": selection.describe()}
 
 
-def outcome_counts(out: Outcome) -> dict:
-    """The counts of a replay's or purge's :class:`~celery_dlq.ops.queue.Outcome`."""
+def outcome_counts(out: Any) -> dict:
+    """The counts of a replay's or purge's :class:`~celery_dlq.ops.queue.Outcome` (not imported here: the queue
+    module reaches the backend, whose parked retries are audited, so the import would run in a circle)."""
     return {"matched": out.matched, "done": out.done, "missing": out.missing, "failed": len(out.failed),
             "not_found": len(out.not_found), "dry_run": out.dry_run}
 
@@ -66,13 +68,16 @@ def outcome_counts(out: Outcome) -> dict:
 class Audit:
     """One app's audit trail (the home key set's), written and read."""
 
-    def __init__(self, op: Backend) -> None:
+    def __init__(self, op: Any) -> None:
+        """``op``: a :class:`~celery_dlq.ops.backend.Backend` (its ``client``, ``keys``, ``archive`` and ``clock``;
+        not imported here: the backend's parked retries are audited, so the import would run in a circle)."""
         self.op = op
         self.trail = AuditTrail(op.client, op.keys, op.archive)
 
     def record(self, action: str, actor: Actor, *, dlq: str | None = None, selection: Selection | dict | None = None,
                counts: dict | None = None, **extra: Any) -> dict:
-        """Record ``action`` by ``actor``; returns the record (with its stream ``id`` when written)."""
+        """Record ``action`` by ``actor``; returns the record with its stream ``id``. :class:`AuditNotWritten` when
+        it cannot be written."""
         if action not in ACTIONS:
             raise ValueError(f"unknown audited action {action!r} (actions: {', '.join(ACTIONS)})")
         record = {"action": action, "at": self.op.clock(), "who": actor.who, "why": actor.why, "dlq": dlq,

@@ -1,4 +1,4 @@
-"""The Redis side of one app as the operator reaches it: clients, list keys, the store, scripts, counters.
+"""The Redis side of one app as the operator reaches it: list keys, the store, the DLQs' lists, counters.
 
 :class:`Backend` is what every part of :mod:`celery_dlq.ops` works through
 (a DLQ's :class:`~celery_dlq.ops.queue.DeadLetterQueue`, its failure groups,
@@ -6,8 +6,11 @@ a page of it); :class:`~celery_dlq.ops.operator.Operator` adds finding DLQs
 on top. Keeping the two apart keeps the imports of ``ops/`` one way:
 ``operator`` -> ``queue``/``groups`` -> ``backend``, never back.
 
-Building one reads settings and connects to Redis; it never installs worker
-bootsteps, so a CLI process is not a worker.
+Building one reads settings and makes its clients through
+:func:`~celery_dlq.storage.factory.redis_side` (the worker's builder too);
+every command it sends is sent by ``storage/`` (:mod:`celery_dlq.storage.dlq`
+for the DLQs' lists). It never installs worker bootsteps, so a CLI process is
+not a worker.
 """
 from __future__ import annotations
 
@@ -21,11 +24,9 @@ from kombu.serialization import prepare_accept_content
 from celery_dlq.message import decode_raw
 from celery_dlq.ops.parked import ParkedRetries
 from celery_dlq.settings import DLQSettings
-from celery_dlq.storage.chords import ChordLedger
-from celery_dlq.storage.client import BrokerLink, connect
-from celery_dlq.storage.keys import QueueLists
+from celery_dlq.storage.dlq import DeadLetterLists, forget
+from celery_dlq.storage.factory import redis_side
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.storage.shards import ShardedStore, shards_of
 
 if TYPE_CHECKING:
     from celery_dlq.ops.letters import DeadLetter
@@ -63,28 +64,33 @@ class Backend:
                  clock: Callable[[], float] = time.time) -> None:
         self.app, self.clock = app, clock
         self.settings = DLQSettings.from_conf(app.conf)
-        self.lists = QueueLists.of(app.conf.broker_transport_options)
-        self.client = client if client is not None else connect(self.settings.redis_url, self.settings.redis_cluster)
+        #: The app's Redis side (``storage/factory.py``: the worker's builder too).
+        self.side = redis_side(app, self.settings, client=client, broker=broker, clock=clock)
+        self.lists = self.side.lists
+        self.client = self.side.client
         #: Every shard of the store (``dlq_store_shards``); ``keys``/``archive`` are the home set's,
         #: where what the operator does (replays, purges) is counted and archived.
-        self.sharded = ShardedStore(self.client, shards_of(self.settings),
-                                  events_max_length=self.settings.events_max_length, clock=clock)
-        self.keys = self.sharded.home.keys
-        self.archive = self.sharded.home.archive
+        self.sharded = self.side.sharded
+        self.keys = self.side.keys
+        self.archive = self.side.archive
         self.parked = ParkedRetries(self.sharded)
         #: Dead-lettered chord members and the chords waiting for them (docs/workflows.md).
-        self.chords = ChordLedger(self.client, self.keys)
+        self.chords = self.side.chords
         self.accept = frozenset(prepare_accept_content(app.conf.accept_content))
-        self._broker = BrokerLink(app.conf, self.client, self.settings.redis_url, broker)
 
     @property
     def broker(self) -> Any:
         """The broker's Redis, where DLQs are lists; :class:`BrokerNotSupported` on another broker."""
-        return self._broker.client
+        return self.side.broker
 
     @property
     def scripts(self) -> Scripts:
-        return self._broker.scripts
+        return self.side.scripts
+
+    @property
+    def dlqs(self) -> DeadLetterLists:
+        """The DLQs' lists on the broker: every command an operator sends them (``storage/dlq.py``)."""
+        return self.side.dlqs
 
     def list_keys(self, name: str) -> list[str]:
         """The Redis lists of ``name``: a DLQ's priority sub-lists, or a quarantine's one list."""
@@ -92,30 +98,23 @@ class Backend:
         return [self.keys.quarantine(queue)] if queue is not None else self.lists.keys(name)
 
     def depth(self, name: str) -> int:
-        """Dead letters in ``name``, every priority sub-list counted."""
-        pipe = self.broker.pipeline(transaction=False)
-        for key in self.list_keys(name):
-            pipe.llen(key)
-        return sum(pipe.execute())
+        """Dead letters in ``name``, every priority sub-list counted (one pipeline)."""
+        return sum(self.dlqs.lengths(self.list_keys(name)))
+
+    def depths(self, names: Iterable[str]) -> dict[str, int]:
+        """Each DLQ's depth, in one pipeline."""
+        return self.dlqs.depths({name: self.list_keys(name) for name in names})
 
     def sizes(self, names: Iterable[str]) -> dict[str, Size]:
         """Each DLQ's depth and oldest dead letter, in one pipeline: ``LLEN`` and ``LINDEX -1`` of each sub-list.
 
         What the dashboard's overview and the exporter show; never O(depth).
         """
-        lists = {name: self.list_keys(name) for name in names}
-        pipe = self.broker.pipeline(transaction=False)
-        for keys in lists.values():
-            for key in keys:
-                pipe.llen(key)
-                pipe.lindex(key, -1)   # kombu pushes on the left: the oldest is last
-        replies = iter(pipe.execute())
         out = {}
-        for name, keys in lists.items():
+        for name, tails in self.dlqs.tails({name: self.list_keys(name) for name in names}).items():
             count, oldest = 0, None
-            for _ in keys:
-                length, tail = next(replies), next(replies)
-                count += int(length)
+            for length, tail in tails:
+                count += length
                 at = decode_raw(tail).dead_lettered_at if tail is not None else None
                 if at is not None and (oldest is None or at < oldest):
                     oldest = at
@@ -146,12 +145,4 @@ class Backend:
 
     def forget_keys(self, by_shard: list[list[str]]) -> None:
         """Delete :meth:`counter_keys`' keys in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for keys in by_shard:   # one DEL per shard: its keys share a hash tag, so one slot on a cluster
-            for start in range(0, len(keys), 1000):
-                pipe.delete(*keys[start:start + 1000])
-        pipe.execute()
-
-    def count(self, stat: str, n: int) -> None:
-        if n:
-            self.client.hincrby(self.keys.stats, stat, n)
+        forget(self.client, by_shard)

@@ -2,9 +2,9 @@
 
 A pause is an open breaker that never probes (``paused_by`` says who); the
 workers hold the task's deliveries on that queue (every queue when none is
-given) while its policy has ``breaker`` ``True`` or ``"manual"``. A resume
+given) while its policy's ``breaker.enabled`` is ``True`` or ``"manual"``. A resume
 closes it and releases what it held at the rising pace of the task's policy
-(``breaker_release_rate``, ``breaker_max_release_rate``), as a probe's success does.
+(``breaker.release_rate``, ``breaker.max_release_rate``), as a probe's success does.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class BreakerControls:
             closed += 1
             policy = self.backend.settings.policy_for(task, None if row.queue == B.ANY_QUEUE else row.queue)
             released += self.store.release(self.backend.sharded, row.queue, row.group,
-                                           policy.breaker_release_rate, policy.breaker_max_release_rate)
+                                           policy.breaker.release_rate, policy.breaker.max_release_rate)
             released += self._release_held(row.queue, task)
         Audit(self.backend).record("resume", actor or Actor.of(), task=task, queue=queue, group=group,
                                    counts={"closed": closed, "released": released})

@@ -66,7 +66,8 @@ class Edit:
     headers: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        refused = sorted(name for name in self.headers if name in PROTECTED_HEADERS or name.startswith("x-dlq-"))
+        refused = sorted(name for name in self.headers   # any case: kombu's headers are a plain dict
+                         if name.lower() in PROTECTED_HEADERS or name.lower().startswith("x-dlq-"))
         if refused:
             raise BadEdit(f"header {refused[0]!r} cannot be edited: it is the task's identity, its place in a "
                           "workflow or celery-dlq's history")

@@ -12,7 +12,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from celery_dlq.storage import groups as index
 from celery_dlq.storage.groups import GroupStats
 
 if TYPE_CHECKING:
@@ -91,12 +90,7 @@ def _merge(gid: str, rows: list[GroupStats], chords_waiting: int = 0) -> Failure
 def read_groups(op: Backend, names: list[str]) -> GroupReport:
     """The groups and depths of the DLQs ``names``: two round trips, whatever their depth."""
     report = GroupReport()
-    report.per_dlq = index.read(op.broker, {name: op.lists.groups(name) for name in names}, op.clock())
-    pipe = op.broker.pipeline(transaction=False)
-    for name in names:
-        for key in op.list_keys(name):
-            pipe.llen(key)
-    lengths = iter(pipe.execute())
-    report.depths = {name: sum(next(lengths) for _ in op.list_keys(name)) for name in names}
+    report.per_dlq = op.dlqs.groups(names, op.clock())
+    report.depths = op.depths(names)
     report.chords_waiting = op.chords.held_open(names)
     return report

@@ -5,7 +5,7 @@ After each batch the runner counts its progress and renews its lease in one scri
 taken over (it stops), running (the next batch). A redrive job first reads its group's breaker
 (``Keys.breaker``) and stops when it is open. A runner that dies leaves its lease to expire; then
 :meth:`JobRunner.take_orphans` in any process (the dashboard's, ``celery dlq jobs run``, a worker's
-``worker/jobs.py``) takes the job and carries on from what is left in the DLQ: each letter moves
+``worker/leader/jobs.py``) takes the job and carries on from what is left in the DLQ: each letter moves
 atomically (``ops/queue.py``), so none is delivered twice.
 """
 from __future__ import annotations
@@ -217,8 +217,7 @@ class JobRunner:
         """The state of the job's group's breaker on its queue ('' when none is kept)."""
         if not job.queue:
             return ""
-        value = self.op.client.hget(self.op.keys.breaker(job.queue, job.group), "state")
-        return value.decode() if isinstance(value, bytes) else str(value or "")
+        return self.op.breakers.store.state(job.queue, job.group)
 
     def _end(self, job: Job, action: str, reason: str) -> None:
         """End the job (finish, stop, fail) unless someone ended it first; audit how it ended."""

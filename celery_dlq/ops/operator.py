@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from celery.exceptions import ImproperlyConfigured
@@ -29,6 +30,8 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage import totals, trends
 from celery_dlq.storage.client import broker_url, open_client
+from celery_dlq.storage.sessions import SessionStore
+from celery_dlq.storage.throttle import ThrottleStore
 
 logger = logging.getLogger(__name__)
 
@@ -75,29 +78,56 @@ class Operator(Backend):
         broker = None if url is None else home if url == settings.redis_url else client(url)
         return cls(app, client=home, broker=broker, **kw)
 
+    @cached_property
+    def web_sessions(self) -> SessionStore:
+        """The dashboard's sessions (``storage/sessions.py``), in the home key set of ``dlq_redis_url``."""
+        return SessionStore(self.client, self.keys)
+
+    @cached_property
+    def login_failures(self) -> ThrottleStore:
+        """The dashboard's failed-login counters (``storage/throttle.py``), shared by its processes."""
+        return ThrottleStore(self.client, self.keys)
+
     @property
     def breakers(self) -> BreakerControls:
         """The circuit breakers: list, pause, resume (``ops/breakers.py``)."""
         return BreakerControls(self)
 
-    def quarantines(self) -> dict[str, str]:
-        """``quarantine:<queue>`` -> queue, for every non-empty quarantine list (SCAN)."""
+    def quarantines(self, *, max_age: float = 0.0) -> dict[str, str]:
+        """``quarantine:<queue>`` -> queue, for every non-empty quarantine list (SCAN; ``max_age``: as
+        :meth:`known`)."""
+        return dict(self._recent_scan("quarantines", max_age, self._scan_quarantines))
+
+    def _scan_quarantines(self) -> dict[str, str]:
         found = {}
         prefix = self.keys.quarantine("")
-        for key in self.broker.scan_iter(match=_glob(prefix) + "*", count=1000, _type="list"):
-            queue = key.decode("utf-8", "replace")[len(prefix):]
+        for key in self.dlqs.scan(_glob(prefix) + "*"):
+            queue = key[len(prefix):]
             found[QUARANTINE + queue] = queue
+        return found
+
+    def _recent_scan(self, what: Any, max_age: float, scan: Any) -> dict[str, str]:
+        """``scan()``, or what it gave for ``what`` less than ``max_age`` seconds ago (``max_age`` 0: always scan)."""
+        now, memo = self.clock(), self.__dict__.setdefault("_scans", {})
+        last = memo.get(what)
+        if max_age > 0 and last is not None and 0 <= now - last[0] < max_age:
+            return last[1]
+        found = scan()
+        memo[what] = (now, found)
         return found
 
     def dlq_of(self, queue: str) -> str | None:
         """The DLQ of ``queue`` under its queue-level policy; None when dead letters are dropped."""
         return self.settings.policy_for("", queue).dead_letter_queue(queue)
 
-    def queue(self, name: str) -> DeadLetterQueue:
+    def queue(self, name: str, *, scan: bool = True) -> DeadLetterQueue:
         """The DLQ ``name``, or the DLQ of queue ``name``; :class:`UnknownQueue` if neither exists.
 
         A name counts when it is configured, or shaped like a DLQ and present
-        in Redis: never a live queue, and no SCAN unless it is unknown.
+        in Redis: never a live queue, and no SCAN unless it is unknown (then
+        the error lists the DLQs found, unless ``scan`` is False: the
+        dashboard, where anyone who may read could otherwise make it SCAN
+        the keyspace with a made-up name).
         """
         if quarantined_queue(name) is not None:
             if self.depth(name):
@@ -109,32 +139,50 @@ class Operator(Backend):
                 continue
             if candidate in configured or (_shaped(candidate, shapes) and self.depth(candidate)):
                 return DeadLetterQueue(self, candidate)
+        if not scan:
+            raise UnknownQueue(f"unknown dead-letter queue {name!r}")
         known = self.known()
         raise UnknownQueue(f"unknown dead-letter queue {name!r}"
                            + (f" (known: {', '.join(sorted(known))})" if known else " (there are none)"))
 
-    def queues(self) -> list[QueueInfo]:
-        """Every DLQ found or configured, with its depth and the parked retries of its queues."""
+    def queues(self, *, max_age: float = 0.0) -> list[QueueInfo]:
+        """Every DLQ found or configured, with its depth and the parked retries of its queues. ``max_age``: reuse
+        the DLQs a SCAN found that many seconds ago (:meth:`known`)."""
         by_queue = self.parked.sharded.counts_by_queue()
         parked: Counter[str | None] = Counter()
         for queue, n in by_queue.items():
             parked[self.dlq_of(queue)] += n
         rows = [QueueInfo(name, origin, self.depth(name), parked[name])
-                for name, origin in sorted(self.known(by_queue).items())]
+                for name, origin in sorted(self.known(by_queue, max_age=max_age).items())]
         rows += [QueueInfo(None, queue, 0, n) for queue, n in sorted(by_queue.items()) if self.dlq_of(queue) is None]
-        rows += [QueueInfo(name, queue, self.depth(name), 0) for name, queue in sorted(self.quarantines().items())]
+        rows += [QueueInfo(name, queue, self.depth(name), 0)
+                 for name, queue in sorted(self.quarantines(max_age=max_age).items())]
         return rows
 
-    def known(self, queues: Any = ()) -> dict[str, str | None]:
-        """DLQ name -> its queue (None when shared), named in the configuration or found by SCAN."""
+    def known(self, queues: Any = (), *, max_age: float = 0.0) -> dict[str, str | None]:
+        """DLQ name -> its queue (None when shared), named in the configuration or found by SCAN.
+
+        ``max_age`` > 0: the DLQs the last SCAN found, when it ran less than that many seconds ago (the
+        dashboard's overview, refreshed by every open page, scans the keyspace once per ``max_age``).
+        """
         shapes, known = self._configured(queues)
-        for prefix, suffix in shapes:
-            match = self.lists.global_keyprefix + _glob(prefix) + "*" + _glob(suffix)
-            for key in self.broker.scan_iter(match=match, count=1000, _type="list"):
-                name = self.lists.queue_of(key.decode("utf-8", "replace"))
-                if _shaped(name, [(prefix, suffix)]):
-                    known.setdefault(name, name[len(prefix):len(name) - len(suffix)])
+        for name, queue in self._scanned(frozenset(shapes), max_age).items():
+            known.setdefault(name, queue)
         return known
+
+    def _scanned(self, shapes: frozenset[tuple[str, str]], max_age: float) -> dict[str, str]:
+        """The lists shaped like a DLQ (``shapes``), by SCAN, or as the last SCAN found them within ``max_age``."""
+        return self._recent_scan(shapes, max_age, lambda: self._scan_dlqs(shapes))
+
+    def _scan_dlqs(self, shapes: frozenset[tuple[str, str]]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for prefix, suffix in sorted(shapes):
+            match = self.lists.global_keyprefix + _glob(prefix) + "*" + _glob(suffix)
+            for key in self.dlqs.scan(match):
+                name = self.lists.queue_of(key)
+                if _shaped(name, [(prefix, suffix)]):
+                    found.setdefault(name, name[len(prefix):len(name) - len(suffix)])
+        return found
 
     def _configured(self, queues: Any = ()) -> tuple[set[tuple[str, str]], dict[str, str | None]]:
         """DLQ shapes, and the DLQs named by policies or serving declared or parked-for queues."""

@@ -16,6 +16,7 @@ from typing import Any
 from celery_dlq import headers as H
 from celery_dlq.errors import ForceRequired
 from celery_dlq.message import Envelope, decode_raw
+from celery_dlq.ops.audit import Actor, Audit
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.storage.store import DirectPayload, to_ms
 
@@ -108,14 +109,31 @@ class ParkedRetries:
             return [ident]
         return [retry.entry_id for retry in self.entries() if retry.task_id == ident]
 
-    def redeliver_now(self, ident: str | None = None) -> int:
-        """Make one entry (or a task's entries), or every parked entry, due now."""
+    def redeliver_now(self, ident: str | None = None, *, audit: Audit | None = None,
+                      actor: Actor | None = None) -> int:
+        """Make one entry (or a task's entries), or every parked entry, due now. With ``audit``, recorded first
+        (the entries found, by ``actor``): a record that cannot be written refuses it, nothing moved."""
         if ident is None:
+            self._record(audit, "redeliver", actor, None, [])
             return self.sharded.redeliver_now()
-        return sum(self.sharded.redeliver_now(entry_id) for entry_id in self.find(ident))
+        found = self.find(ident)
+        self._record(audit, "redeliver", actor, ident, found)
+        return sum(self.sharded.redeliver_now(entry_id) for entry_id in found)
 
-    def delete(self, ident: str, *, force: bool = False) -> int:
-        """Delete a parked retry (or a task's) for good: its message is gone, so ``force=True`` is required."""
+    def delete(self, ident: str, *, force: bool = False, audit: Audit | None = None,
+               actor: Actor | None = None) -> int:
+        """Delete a parked retry (or a task's) for good: its message is gone, so ``force=True`` is required. With
+        ``audit``, recorded first (refused, nothing deleted, when the record cannot be written)."""
         if not force:
             raise ForceRequired(f"deleting parked retry {ident!r} loses the message: pass force=True")
-        return sum(self.sharded.remove(entry_id) for entry_id in self.find(ident))
+        found = self.find(ident)
+        self._record(audit, "delete", actor, ident, found)
+        return sum(self.sharded.remove(entry_id) for entry_id in found)
+
+    @staticmethod
+    def _record(audit: Audit | None, action: str, actor: Actor | None, ident: str | None,
+                entries: list[str]) -> None:
+        if audit is not None and (entries or ident is None):
+            audit.record(action, actor or Actor.of(), selection={"described": f"parked retry {ident}" if ident
+                                                                 else "every parked retry", "all": ident is None},
+                         entries=entries, counts={"matched": len(entries)} if ident else {})

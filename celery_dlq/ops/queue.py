@@ -28,8 +28,10 @@ from celery_dlq.errors import ForceRequired
 from celery_dlq.message import delivery_tags
 from celery_dlq.ops.groups import read_groups
 from celery_dlq.ops.letters import DeadLetter, Filter, IdPass, Selector, one_pass
-from celery_dlq.storage import groups, totals
-from celery_dlq.storage.chords import fail_purged, require_backend
+from celery_dlq.ops.removal import Removal
+from celery_dlq.storage import totals
+from celery_dlq.storage.chords import require_backend
+from celery_dlq.storage.dlq import Batch, count
 from celery_dlq.storage.events import EventType
 from celery_dlq.storage.keys import Stat
 from celery_dlq.storage.lists import OldestFirst
@@ -106,7 +108,7 @@ class DeadLetterQueue:
         return self.op.depth(self.name)
 
     def _pages(self, batch: int) -> OldestFirst:
-        return OldestFirst(self.op.broker, self.op.list_keys(self.name), batch)
+        return self.op.dlqs.oldest_first(self.op.list_keys(self.name), batch)
 
     def _letters(self, key: str, raws: list[bytes], where: Selector | None, left: int | None) -> list[DeadLetter]:
         """The letters of a page ``where`` selects, at most ``left`` (:func:`_take`).
@@ -236,8 +238,7 @@ class DeadLetterQueue:
         """The batch that moves each of ``letters`` with a target (each without one is in ``out.failed``). No Redis."""
         now, list_key = self.op.clock(), self.op.lists.key
         batch = _Batch(now=now, key=letters[0].key if letters else "", read=len(letters),
-                       keys=_Keys(self.op.lists.groups(self.name)))
-        index, args = batch.keys.index, batch.args
+                       script=Batch(self.op.lists.groups(self.name)))
         for letter, tag in zip(letters, delivery_tags(len(letters))):
             target = letter.target(to) if letter.message and not letter.header(H.RAW) else None
             if target is None:
@@ -249,9 +250,9 @@ class DeadLetterQueue:
             queue, exchange, routing_key = target
             batch.letters.append(letter)
             batch.queues.append(queue)
-            args += [index(letter.key), index(list_key(queue, letter.properties.get("priority"))), letter.raw,
-                     _dumps(self._rewrite(letter, letter.replayed(exchange, routing_key, now, tag))),
-                     *groups.membership(letter.headers)]
+            batch.script.move(letter.key, list_key(queue, letter.properties.get("priority")), letter.raw,
+                              _dumps(self._rewrite(letter, letter.replayed(exchange, routing_key, now, tag))),
+                              letter.headers)
         if batch.letters and not out.dry_run:
             batch.counters = self.op.counter_keys(batch.letters)
             batch.entries = self.op.archive.replayed_entries(batch.letters, dlq=self.name, now=now)
@@ -272,12 +273,11 @@ class DeadLetterQueue:
 
     def _run(self, batch: _Batch) -> list[int]:
         """The batch's one ``replay_batch.lua``: each letter moved (1), or gone already (0). The writer thread's job."""
-        return self.op.scripts.run("replay_batch", batch.keys.keys, batch.args)
+        return self.op.dlqs.replay(batch.script)
 
     def _record(self, batch: _Batch, moved: list[int]) -> None:
         """Count and archive what :meth:`_run` moved."""
-        self.op.count(Stat.REPLAYED, sum(moved))
-        self._count(totals.Metric.REPLAYED, sum(moved))
+        count(self.op.client, self.op.keys, Stat.REPLAYED, totals.Metric.REPLAYED, sum(moved), dlq=self.name)
         if batch.entries is not None:
             self.op.archive.append_entries([entry for entry, ok in zip(batch.entries, moved) if ok],
                                            EventType.REPLAYED)
@@ -300,51 +300,25 @@ class DeadLetterQueue:
         if waiting:
             require_backend(self.op.app, f"purging {self.name} fails the chords of {waiting} letter(s) "
                                          "their chords wait for")
+        removal = Removal(self.op.side, self.name)
         if where is None and limit is None and not self.op.archive.enabled and not waiting:
             # Nothing to archive: delete the lists whole. With the archive on,
             # each letter is read and removed (below) so its `purged` event is
             # written and a letter arriving meanwhile is never deleted unseen.
-            out = self._delete_lists()
+            out = Outcome()
+            out.matched = out.done = removal.delete_all(self.op.list_keys(self.name))
         else:
             matcher = one_pass(where)
-            out = _not_found(self._remove(matcher, limit, progress, batch), matcher)
-        self.op.count(Stat.PURGED, out.done)
-        self._count(totals.Metric.PURGED, out.done)
+            out = _not_found(self._remove(removal, matcher, limit, progress, batch), matcher)
+        removal.count()
         return out
 
-    def _count(self, metric: str, n: int) -> None:
-        """Raise the exporter's ``metric{dlq=<this DLQ>}`` by ``n`` (``storage/totals.py``)."""
-        if n:
-            totals.incr(self.op.client, self.op.keys, metric, n, dlq=self.name)
-
-    def _delete_lists(self) -> Outcome:
-        """Every list of the DLQ deleted in one transaction, counted as it goes."""
-        out, keys = Outcome(), self.op.list_keys(self.name)
-        pipe = self.op.broker.pipeline(transaction=True)
-        for key in keys:
-            pipe.llen(key)
-        pipe.delete(*keys, self.op.lists.groups(self.name))   # the groups go with their letters
-        out.matched = out.done = sum(pipe.execute()[:-1])
-        return out
-
-    def _remove(self, where: Selector | None, limit: int | None, progress: Callable[[int], None] | None,
-                batch: int) -> Outcome:
-        """Each selected dead letter removed by its exact value (LREM) and archived as ``purged``."""
+    def _remove(self, removal: Removal, where: Selector | None, limit: int | None,
+                progress: Callable[[int], None] | None, batch: int) -> Outcome:
+        """Each selected dead letter removed by its exact value (:class:`~celery_dlq.ops.removal.Removal`)."""
         out, pages = Outcome(), self._pages(batch)
         for letters in self._selected(pages, where, limit):
-            keys = _Keys(self.op.lists.groups(self.name))
-            args: list = []
-            for letter in letters:
-                args += [keys.index(letter.key), letter.raw, *groups.membership(letter.headers)]
-            results = self.op.scripts.run("remove_letters", keys.keys, args)
-            removed = sum(results)
-            # A quarantined raw element is no message: there is no event to write for it.
-            gone = [letter for letter, n in zip(letters, results) if n and letter.message]
-            self.op.archive.purged(gone, dlq=self.name)
-            # A chord waiting for one of them fails now, once (redis/chords.py).
-            members = [(letter.task_id, letter.task_name or "") for letter in gone
-                       if letter.task_id and letter.header("group")]
-            fail_purged(self.op.chords, self.op.app, members, dlq=self.name)
+            removed = sum(removal.remove(letters))
             out.matched += len(letters)
             out.done += removed
             out.missing += len(letters) - removed
@@ -366,7 +340,7 @@ class _Batch:
     """One batch of a replay as :meth:`DeadLetterQueue._plan` prepares it: all :meth:`~DeadLetterQueue._write` sends.
 
     ``letters`` are those with a target, ``queues`` their targets;
-    ``keys``/``args`` the ``replay_batch.lua`` call; ``counters`` the keys
+    ``script`` the ``replay_batch.lua`` call; ``counters`` the keys
     ``Backend.forget`` deletes; ``entries`` their ``replayed`` events (None:
     no archive). ``key`` is the list they were read from, ``read`` how many
     letters of the page the batch stands for.
@@ -375,24 +349,9 @@ class _Batch:
     now: float
     key: str
     read: int
-    keys: _Keys
+    script: Batch
     letters: list[DeadLetter] = field(default_factory=list)
     queues: list[str] = field(default_factory=list)
-    args: list = field(default_factory=list)
     counters: list[list[str]] = field(default_factory=list)
     entries: list[list[str]] | None = None
 
-
-class _Keys:
-    """The ``KEYS`` of a batch script: the group index first, then each list once (``index`` is 1-based, as Lua's)."""
-
-    def __init__(self, first: str) -> None:
-        self.keys = [first]
-        self._at: dict[str, int] = {}
-
-    def index(self, key: str) -> int:
-        at = self._at.get(key)
-        if at is None:
-            self.keys.append(key)
-            at = self._at[key] = len(self.keys)
-        return at

@@ -75,11 +75,8 @@ def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newes
     """``count`` dead letters of ``dead`` that ``where`` selects, from ``start``, reading at most ``scan``."""
     if start < 0 or count < 1:
         raise ValueError(f"a page starts at 0 or later and shows at least 1 (got start={start}, count={count})")
-    broker, keys = dead.op.broker, dead.op.list_keys(dead.name)
-    pipe = broker.pipeline(transaction=False)
-    for key in keys:
-        pipe.llen(key)
-    segments = _segments(pipe.execute(), newest_first)
+    dlqs, keys = dead.op.dlqs, dead.op.list_keys(dead.name)
+    segments = _segments(dlqs.lengths(keys), newest_first)
     total = sum(length for _, length, _ in segments)
     shown: list[tuple[int, DeadLetter]] = []
     anchors: list[str] = []
@@ -96,11 +93,10 @@ def read_window(dead: DeadLetterQueue, start: int = 0, count: int = 50, *, newes
         batch = min(count - len(shown) if where is None else min(per_call, scan - scanned), length - offset)
         bounds = (offset, offset + batch - 1) if from_head else tail_range(offset, batch)
         if needle is not None:   # only the letters holding the needle come back, with their offsets
-            found = dead.op.scripts.run("find_letter", [keys[index]], [needle, *bounds])
-            read = sorted(((int(found[i]) if from_head else -int(found[i]) - 1) - offset, found[i + 1])
-                          for i in range(0, len(found), 2))
+            read = sorted(((at if from_head else -at - 1) - offset, raw)
+                          for at, raw in dlqs.find(keys[index], needle, *bounds))
         else:
-            raws = broker.lrange(keys[index], *bounds)
+            raws = dlqs.read(keys[index], *bounds)
             if not raws:  # the list shrank under us: nothing more to read here
                 break
             read = list(enumerate(raws if from_head else raws[::-1]))
@@ -161,7 +157,8 @@ def find_letter(dead: DeadLetterQueue, task_id: str, anchor: tuple[int, int] | N
 def _search(dead: DeadLetterQueue, key: str, task_id: str, at: int, *, around: bool) -> DeadLetter | None:
     """Search list ``key`` from index ``at`` (negative: from the old end): outward when ``around``, else toward
     the new end; the candidate nearest ``at`` that really is ``task_id``'s."""
-    scripts, length = dead.op.scripts, dead.op.broker.llen(key)
+    dlqs = dead.op.dlqs
+    length = dlqs.length(key)
     if not length:
         return None
     center = min(max(length + at if at < 0 else at, 0), length - 1)
@@ -177,9 +174,9 @@ def _search(dead: DeadLetterQueue, key: str, task_id: str, at: int, *, around: b
             ranges.append((max(0, lo - size), lo - 1))
             lo = max(0, lo - size)
         for first, last in ranges:
-            found = scripts.run("find_letter", [key], [task_id, first, last])
-            parsed = [DeadLetter.parse(dead.name, key, found[i + 1], dead.op.accept) for i in range(0, len(found), 2)]
-            hits = [(int(found[2 * n]), letter) for n, letter in enumerate(parsed) if letter.task_id == task_id]
+            parsed = [(at, DeadLetter.parse(dead.name, key, raw, dead.op.accept))
+                      for at, raw in dlqs.find(key, task_id, first, last)]
+            hits = [(at, letter) for at, letter in parsed if letter.task_id == task_id]
             if hits:  # around: the nearest to the anchor; else the oldest (the highest index)
                 return (min(hits, key=lambda h: abs(h[0] - center)) if around else max(hits, key=lambda h: h[0]))[1]
         size = min(size * 2, SEARCH_MOST)

@@ -24,8 +24,9 @@ from typing import Any
 from celery import states
 from celery.backends.base import DisabledBackend
 
-from celery_dlq.internals.celery_backend import chord_progress
+from celery_dlq.internals.celery_backend import chord_keys
 from celery_dlq.storage.chords import ChordLedger, uses_chord_unlock
+from celery_dlq.storage.result_backend import chord_progress
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def describe(workflow: dict | None, headers: dict, ledger: ChordLedger, backend:
 
 def _progress(ledger: ChordLedger, backend: Any, group: str) -> tuple[int | None, int | None]:
     if not uses_chord_unlock(backend):
-        return chord_progress(backend, group)
+        return chord_progress(backend, chord_keys(backend, group))
     call = ledger.parked_unlock(group)
     results = (call or {}).get("kwargs", {}).get("result")
     if not isinstance(results, list):

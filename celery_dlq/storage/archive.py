@@ -165,6 +165,15 @@ class EventLog(_Hooks):
             return 0
         return len(entries)
 
+    def info(self) -> dict | None:
+        """The stream's ``XINFO STREAM`` (one command, atomic), or None when there is no stream."""
+        try:
+            return self.client.xinfo_stream(self.key)
+        except Exception as exc:  # no such key
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+
     def read(self, after: str | None = None, count: int = 10_000, until: str = "+") -> list[tuple[str, dict]]:
         """Up to ``count`` raw entries after stream id ``after`` (exclusive) up to ``until``, oldest first."""
         low = "-" if after is None else next_id(after)

@@ -44,9 +44,9 @@ class Thresholds:
 
     @classmethod
     def of(cls, policy: Any) -> Thresholds:
-        return cls(window=policy.breaker_window, min_failures=policy.breaker_min_failures,
-                   ratio=policy.breaker_failure_ratio, cooldown=policy.breaker_cooldown,
-                   multiplier=policy.breaker_cooldown_multiplier, max_cooldown=policy.breaker_max_cooldown)
+        return cls(window=policy.breaker.window, min_failures=policy.breaker.min_failures,
+                   ratio=policy.breaker.failure_ratio, cooldown=policy.breaker.cooldown,
+                   multiplier=policy.breaker.cooldown_multiplier, max_cooldown=policy.breaker.max_cooldown)
 
 
 @dataclass(frozen=True)

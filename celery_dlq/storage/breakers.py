@@ -92,6 +92,11 @@ class Breakers:
     def get(self, queue: str, group: str) -> BreakerState | None:
         return BreakerState.from_hash(self.client.hgetall(self.keys.breaker(queue, group)))
 
+    def state(self, queue: str, group: str) -> str:
+        """One breaker's state ('' when none is kept): one ``HGET``."""
+        value = self.client.hget(self.keys.breaker(queue, group), "state")
+        return "" if value is None else _text(value)
+
     def index(self) -> list[Summary]:
         """Every breaker's summary: one ``HGETALL`` (what a worker refreshes)."""
         out = []
@@ -230,7 +235,7 @@ class Breakers:
         state = self.get(queue, group)
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(self.keys.breaker(queue, group), self.keys.breaker_held(queue, group))
-        if state is not None:   # what the fetch held is released by the next sweep (worker/breaker.py)
+        if state is not None:   # what the fetch held is released by the next sweep (worker/features/breaker.py)
             pipe.hdel(self.keys.breaker_holds, queue + SEP + state.task)
         pipe.hdel(self.keys.breakers, queue + SEP + group)
         return bool(pipe.execute()[0])

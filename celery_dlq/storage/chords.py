@@ -12,7 +12,7 @@ member is recorded here
 
 ``waiting``
     rule ``wait``: no part return yet, the chord stays open (a
-    ``chord_unlock`` polling for it is parked, :meth:`ChordLedger.park_unlock`).
+    ``chord_unlock`` polling for it is parked, :meth:`ChordLedger.park_or_settled`).
     The entry never expires. The member's replay that succeeds makes the part
     return Celery's own way and then settles the entry ``released``; a purge (or
     retention) settles it ``failed`` and makes a FAILURE part return
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import states
@@ -38,7 +39,7 @@ from celery.app.task import Context
 from celery.backends.base import Backend, DisabledBackend
 from kombu.utils import json
 
-from celery_dlq.errors import ChordMemberPurged, ConfigurationError
+from celery_dlq.errors import ChordMemberDeadLettered, ChordMemberPurged, ConfigurationError
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts
 
@@ -138,6 +139,33 @@ def resume_unlock(app: Any, unlock: str) -> None:
     app.send_task("celery.chord_unlock", args=call["args"], kwargs=call["kwargs"], queue=call.get("queue"))
 
 
+#: The exceptions a settled member's slot may hold, by the name the ledger records.
+_SLOT_ERRORS = {cls.__name__: cls for cls in (ChordMemberDeadLettered, ChordMemberPurged)}
+
+
+def slot(state: str, value: Any) -> str:
+    """What a settled member's slot holds, as the ledger records it (JSON): a FAILURE's exception by type
+    and message (one of :data:`_SLOT_ERRORS`), a SUCCESS's value (the ``continue`` placeholder)."""
+    if state == states.FAILURE:
+        return json.dumps({"state": state, "exc": type(value).__name__, "message": str(value)})
+    return json.dumps({"state": state, "value": value})
+
+
+def slot_value(raw: Any) -> tuple[str, Any]:
+    """``(state, value)`` of a slot recorded by :func:`slot`."""
+    data = json.loads(raw)
+    if data["state"] == states.FAILURE:
+        return data["state"], _SLOT_ERRORS[data["exc"]](data["message"])
+    return data["state"], data["value"]
+
+
+def store_slots(app: Any, slots: dict[str, tuple[str, Any]]) -> None:
+    """Write settled members' slots to a polling backend, as :func:`part_return` does, before its
+    ``chord_unlock`` joins the chord: the join reads what the ledger decided, not the member's own failure."""
+    for task_id, (state, value) in slots.items():
+        app.backend.store_result(task_id, value, state)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
 
@@ -158,31 +186,34 @@ class ChordLedger:
 
     def _keys(self, task_id: str, group: str, dlq: str) -> list[str]:
         return [self.keys.chord_member(task_id), self.keys.chord_waiting(group), self.keys.chord_waiting_in(dlq),
-                self.keys.chord_unlock(group)]
+                self.keys.chord_unlock(group), self.keys.chord_outcomes(group)]
 
-    def dying(self, task_id: str, group: str) -> None:
+    def dying(self, task_id: str, group: str) -> bool:
         """In the child, as a member's last failure is raised: its chord counts it as waiting already.
 
         Celery stores the member's FAILURE before the worker's main process
         stores the dead letter and applies the rule; a ``chord_unlock`` that
         polls in between finds the member waiting and parks, instead of
-        failing the chord.
+        failing the chord. A member whose entry is settled is left so
+        (``lua/chord_dying.lua``); returns whether it counts as waiting.
         """
-        self.client.sadd(self.keys.chord_waiting(group), task_id)
+        return bool(self.scripts.run("chord_dying", [self.keys.chord_member(task_id), self.keys.chord_waiting(group)],
+                                     [task_id]))
 
     def hold(self, letter: str, fields: dict[str, Any], *, state: str, rule: str, dlq: str | None,
-             failure_group: str = "", now: float | None = None) -> tuple[str, str]:
+             failure_group: str = "", now: float | None = None, outcome: str = "") -> tuple[str, str]:
         """Record the dead letter ``letter`` (a task id) of chord member ``fields`` in ``state``.
 
         ``letter`` is the member itself, or a step of a chain that ends in the
-        member. Returns the state it had before ('' when new) and the chord's
-        parked ``chord_unlock`` call when this settled its last waiting member ('' if none).
+        member; ``outcome`` is what the member's slot holds when ``state`` settles
+        it (:func:`slot`). Returns the state it had before ('' when new) and the
+        chord's parked ``chord_unlock`` call when this settled its last waiting member ('' if none).
         """
         group = str(fields.get("group") or "")
         before, unlock = self.scripts.run("chord_hold", self._keys(letter, group, dlq or ""),
                                           [letter, state, rule, dlq or "", group, json.dumps(fields),
                                            repr(time.time() if now is None else now), SETTLED_TTL_S,
-                                           str(fields["id"]), failure_group])
+                                           str(fields["id"]), failure_group, outcome])
         return _text(before), _text(unlock)
 
     def release(self, group: str, member: str) -> list[str]:
@@ -199,11 +230,18 @@ class ChordLedger:
                     unlocks.append(settled[1])
         return unlocks
 
-    def park_unlock(self, group: str, call: dict[str, Any]) -> bool:
-        """Park a chord's ``chord_unlock`` call while one of its members waits; False when none waits."""
-        return bool(self.scripts.run("chord_park_unlock",
-                                     [self.keys.chord_waiting(group), self.keys.chord_unlock(group)],
-                                     [json.dumps(call)]))
+    def park_or_settled(self, group: str, call: dict[str, Any]) -> dict[str, tuple[str, Any]] | None:
+        """Park a chord's ``chord_unlock`` call while one of its members waits (None).
+
+        When none waits, returns the slots the ledger settled (member id ->
+        ``(state, value)``), read in the same step: what the join must find.
+        """
+        reply = self.scripts.run("chord_park_unlock", [self.keys.chord_waiting(group), self.keys.chord_unlock(group),
+                                                       self.keys.chord_outcomes(group)], [json.dumps(call)])
+        if int(reply[0]):
+            return None
+        pairs = reply[1:]
+        return {_text(pairs[i]): slot_value(pairs[i + 1]) for i in range(0, len(pairs), 2)}
 
     def parked_unlock(self, group: str) -> dict[str, Any] | None:
         """The chord's parked ``chord_unlock`` call (its ``kwargs["result"]``: the header's results); None if none."""
@@ -221,18 +259,21 @@ class ChordLedger:
         return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                 for k, v in raw.items()}
 
-    def settle(self, task_id: str, state: str, *,
-               only_in: str | None = None) -> tuple[dict[str, Any], str] | None:
+    def settle(self, task_id: str, state: str, *, only_in: str | None = None,
+               failure: Callable[[dict[str, Any]], BaseException] | None = None) -> tuple[dict[str, Any], str] | None:
         """Settle a waiting member (``released`` or ``failed``) once.
 
+        ``failure`` gives, from the member's request fields, the exception
+        its slot holds when failed (recorded in the same step, :func:`slot`).
         Returns its request fields and the chord's parked ``chord_unlock`` call
         ('' if none, or other members still wait) when this call settled it.
         """
         entry = self.entry(task_id)
         if entry.get("state") != WAITING:
             return None
+        outcome = slot(states.FAILURE, failure(json.loads(entry["context"]))) if failure else ""
         found = self.scripts.run("chord_settle", self._keys(task_id, entry.get("group", ""), entry.get("dlq", "")),
-                                 [task_id, state, SETTLED_TTL_S, only_in or ""])
+                                 [task_id, state, SETTLED_TTL_S, only_in or "", outcome])
         if not found:
             return None
         return json.loads(found[0]), _text(found[1])
@@ -270,12 +311,13 @@ def fail_purged(ledger: ChordLedger, app: Any, letters: list[tuple[str, str]], *
     """
     failed = 0
     for task_id, task in letters:
-        settled = ledger.settle(task_id, FAILED, only_in=dlq)
+        def purged(fields: dict[str, Any], task_id: str = task_id, task: str = task) -> ChordMemberPurged:
+            return ChordMemberPurged(f"chord member {task or fields.get('task') or 'task'}[{task_id}] {why} from "
+                                     f"{dlq} (letter {task_id}) while its chord waited for its replay")
+        settled = ledger.settle(task_id, FAILED, only_in=dlq, failure=purged)
         if settled is None:
             continue
         fields, unlock = settled
-        part_return(app, fields, states.FAILURE, ChordMemberPurged(
-            f"chord member {task or fields.get('task') or 'task'}[{task_id}] {why} from {dlq} "
-            f"(letter {task_id}) while its chord waited for its replay"), unlock)
+        part_return(app, fields, states.FAILURE, purged(fields), unlock)
         failed += 1
     return failed

@@ -4,11 +4,12 @@
 (:meth:`Keys.inflight`: delivery tag -> the list it came from and the
 element, byte for byte) and, when the consumer's last beat is not recent,
 the beat itself in the consumers set (:attr:`Keys.consumers`, consumer ->
-ms). While a process holds messages it beats every heartbeat interval; a
-consumer whose beat is older than ``dlq_inflight_lease`` is gone, and one
-sweeper (the mover lease's holder) gives its messages back to their lists
-(``lua/give_back.lua``). Acknowledging is ``HDEL`` from the consumer's own
-hash, so a process that comes back after its messages were given back
+ms). While a process holds messages it beats every ``dlq_heartbeat_interval``;
+each beat starts a lease of ``dlq_inflight_lease`` (the one lease, in its
+index form: :class:`~celery_dlq.storage.lease.LeaseIndex`). A consumer
+whose lease ran out is gone, and one sweeper (the leader) gives its messages
+back to their lists (``lua/give_back.lua``, which checks the lease again).
+Acknowledging is ``HDEL`` from the consumer's own hash, so a process that comes back after its messages were given back
 settles nothing of another's. Keys are full names on the broker's Redis
 (``global_keyprefix`` included); times are the workers' clocks, as the
 parked store's due times are.
@@ -19,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.lease import LeaseIndex
 from celery_dlq.storage.scripts import Scripts
 
 
@@ -34,26 +36,24 @@ class InFlight:
 
     def __init__(self, client: Any, keys: Keys) -> None:
         self.client, self.keys = client, keys
+        self.beats = LeaseIndex(client, keys.consumers)
         self._scripts = Scripts(client)
 
     def beat(self, consumer: str, now_ms: int) -> None:
-        """``consumer`` is alive and may hold messages."""
-        self.client.zadd(self.keys.consumers, {consumer: now_ms})
+        """``consumer`` is alive and may hold messages: its lease starts again at ``now_ms``."""
+        self.beats.hold(consumer, now_ms)
 
     def oldest(self) -> tuple[str, int] | None:
         """The consumer whose beat is oldest, and that beat (ms); None when no consumer is recorded."""
-        first = self.client.zrange(self.keys.consumers, 0, 0, withscores=True)
-        return (first[0][0].decode("utf-8"), int(first[0][1])) if first else None
+        return self.beats.first()
 
     def consumers(self) -> list[tuple[str, int]]:
         """Every recorded consumer and its last beat (ms)."""
-        return [(name.decode("utf-8"), int(score))
-                for name, score in self.client.zrange(self.keys.consumers, 0, -1, withscores=True)]
+        return self.beats.members()
 
     def stale(self, cutoff_ms: int, limit: int = 100) -> list[str]:
-        """Consumers whose last beat is older than ``cutoff_ms``."""
-        return [name.decode("utf-8") for name in
-                self.client.zrangebyscore(self.keys.consumers, "-inf", f"({cutoff_ms}", start=0, num=limit)]
+        """Consumers whose last beat is older than ``cutoff_ms`` (their lease ran out)."""
+        return self.beats.lapsed(cutoff_ms, limit, inclusive=False)
 
     def tags(self, consumer: str) -> list[str]:
         """The delivery tags ``consumer`` holds in flight."""

@@ -8,7 +8,9 @@ A job is a HASH (``Keys.job``) with these fields, all text:
   changed), ``rising`` ("1": doubles each interval while its letters succeed);
 - its state: ``state`` (:data:`STATES`), ``reason`` (why it ended: stopped, failed), ``finished``;
 - its progress: ``matched``, ``done``, ``missing``, ``failed``, ``not_found`` (counts), ``ids_left`` (JSON);
-- who runs it: ``owner`` (a process) and ``lease_until`` (ms), ``takeovers``.
+- who runs it: ``owner`` (a process) and ``lease_until`` (ms), ``takeovers``; the lease is also in
+  ``Keys.job_leases`` (the one lease's index form, :class:`~celery_dlq.storage.lease.LeaseIndex`), which
+  ``job_claim.lua`` checks and holds through ``lib.lua``'s ``lease_*``.
 
 Any process changes its state (:data:`TRANSITIONS`, one script that checks the state it moves from);
 the owner renews its lease and counts its progress in one script (``job_claim.lua``), and a job whose
@@ -24,6 +26,7 @@ from typing import Any
 from celery_dlq.errors import DLQError
 from celery_dlq.message import as_text
 from celery_dlq.storage.keys import Keys
+from celery_dlq.storage.lease import LeaseIndex
 from celery_dlq.storage.scripts import Scripts
 
 RUNNING, PAUSED, CANCELLED, DONE, FAILED, STOPPED = "running", "paused", "cancelled", "done", "failed", "stopped"
@@ -77,6 +80,7 @@ class JobStore:
 
     def __init__(self, client: Any, keys: Keys) -> None:
         self.client, self.keys = client, keys
+        self.leases = LeaseIndex(client, keys.job_leases)
         self.scripts = Scripts(client)
 
     def create(self, job_id: str, dlq: str, record: Mapping[str, Any], *, created: float, force: bool) -> None:
@@ -114,12 +118,12 @@ class JobStore:
 
     def first_lease(self) -> int | None:
         """When the first lease of an unfinished job runs out (ms; one ``ZRANGE``), None when there is no job."""
-        first = self.client.zrange(self.keys.job_leases, 0, 0, withscores=True)
-        return int(first[0][1]) if first else None
+        first = self.leases.first()
+        return first[1] if first else None
 
     def orphans(self, now_ms: int, limit: int = 10) -> list[str]:
         """Unfinished jobs whose owner's lease has expired (or which never had one), oldest lease first."""
-        return [as_text(i) for i in self.client.zrangebyscore(self.keys.job_leases, "-inf", now_ms, 0, limit)]
+        return self.leases.lapsed(now_ms, limit)
 
     def change(self, job_id: str, action: str, fields: Mapping[str, Any] | None = None, *, owner: str = "") -> str:
         """Take ``action`` (:data:`TRANSITIONS`); returns the new state, :class:`JobStateError` when it does not

@@ -73,10 +73,9 @@ class Keys:
         return f"{self.global_keyprefix}{{{self.prefix}}}"
 
     @property
-    def schedule(self) -> str:
-        """ZSET entry_id -> due time (ms): parked entries waiting to be due.
-
-        The Redis key keeps its first name, ``:delayed``, so an upgrade finds what was parked before it."""
+    def delayed(self) -> str:
+        """ZSET entry_id -> due time (ms): the parked entries, waiting to be due (``delayed`` in Python, in
+        the Lua scripts and in Redis: one name)."""
         return self.base + ":delayed"
 
     @property
@@ -170,6 +169,12 @@ class Keys:
     def operator_log(self) -> str:
         """STREAM, capped: the audit trail of operator actions (``storage/audit.py``)."""
         return self.base + ":oplog"
+
+    @property
+    def operator_log_privileged(self) -> str:
+        """STREAM, capped on its own: the audit records of privileged operator actions (purges, deletes, session
+        revokes, pauses, resumes: ``storage/audit.py``), so a flood of cheap actions cannot evict them."""
+        return self.base + ":oplog:privileged"
 
     def breaker(self, queue: str, group: str) -> str:
         """HASH: the circuit breaker of failure ``group`` on ``queue`` (``storage/breaker_state.py``): ``state``
@@ -293,6 +298,11 @@ class Keys:
         """SET: task ids of waiting chord members dead-lettered to ``dlq`` (a purge fails their chords)."""
         return f"{self.base}:chord:dlq:{dlq}"
 
+    def chord_outcomes(self, group_id: str) -> str:
+        """HASH: chord member id -> what its slot holds once its letter settled it (JSON: state, value), so a
+        polling ``chord_unlock`` joins what the ledger decided, whatever order two writes land in."""
+        return f"{self.base}:chord:outcomes:{group_id}"
+
     def chord_unlock(self, group_id: str) -> str:
         """STRING (JSON): Celery's ``celery.chord_unlock`` call for a chord that waits, parked instead of
         polling every ``result_chord_retry_interval``; sent again when its last waiting member is settled."""
@@ -300,7 +310,7 @@ class Keys:
 
     def store_keys(self) -> tuple[str, str, str, str, str]:
         """The keys of the parked store, in the order the store scripts take them."""
-        return (self.schedule, self.leases, self.payloads, self.queues, self.parked)
+        return (self.delayed, self.leases, self.payloads, self.queues, self.parked)
 
     def move_keys(self) -> tuple[str, ...]:
         """The keys a move of due entries takes (``move_due.lua``, and ``fetch.lua`` when it moves), in order."""

@@ -1,78 +1,108 @@
-"""The mover lease: which one worker moves due entries and runs the fetch listener, taken by heartbeats.
+"""The one lease: every lease of celery-dlq, taken, renewed and given up here (and in ``lua/lib.lua``'s ``lease_*``).
 
-Every worker beats every ``dlq_heartbeat_interval`` seconds
-(:class:`celery_dlq.worker.heartbeat.Heartbeat`). A worker without the
-lease tries to take it (``SET NX PX``: one command); the holder renews it
-every :data:`RENEW_EVERY` beats (a plain ``PEXPIRE``, and every
-:data:`VERIFY_EVERY` beats ``lua/heartbeat.lua``, which renews only its
-own lease). The lease lives
-``dlq_mover_lease`` minus one interval, so whichever workers die (the
-holder, any others, all but one), a survivor's next beat takes it within
-``dlq_mover_lease`` of the holder's last beat. The key lives in the home
-set (``{<prefix>}``), so the lease covers every shard. Public times are
-seconds; Redis holds milliseconds.
+A lease has one owner until it expires. It is kept in one of two forms:
+
+- **on its own key** (:class:`Lease`): a STRING holding the owner's id, its
+  time to live what the lease has left. Acquire is ``SET NX PX`` (one
+  command: NX is its owner check, it never takes a lease another holds, and
+  a worker without the leader's lease beats with it, so it stays the
+  cheapest command there is); renew and release are one script,
+  ``lua/lease.lua`` (one command each), which acts only on the owner's own
+  lease.
+- **in an index** (:class:`LeaseIndex`): a ZSET of many leases, one member
+  each, scored with the lease's expiry (or its start: an in-flight beat).
+  Scripts that take, check or end such a lease inside a larger atomic step
+  (a claim and its ack, a job's takeover, a give-back) call ``lib.lua``'s
+  ``lease_hold``, ``lease_live``, ``lease_lapsed``, ``lease_end`` (owner-
+  checked by a fencing token: the expiry its holder got) and ``lease_drop``;
+  Python reads and beats through :class:`LeaseIndex`.
+
+:data:`LEASES` lists every lease user; ``tests/unit/test_lease.py`` holds the
+code to it. Public times are seconds; Redis holds milliseconds.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.storage.store import to_ms
-
-#: The holder checks with a script that the lease is still its own every this many beats; the beats
-#: between renew with a plain PEXPIRE (one command). A holder that stalled past its lease, whose lease another
-#: worker took meanwhile, is a second mover for at most this many beats: safe (a claim is a lease of its own).
-VERIFY_EVERY = 8
-#: Where the lease outlives three intervals (``dlq_mover_lease`` at least four; the default is four), the
-#: holder renews every second beat: the lease still has one interval to spare at each renewal, and a worker
-#: at rest spends half the commands. Where it does not, every beat.
-RENEW_EVERY = 2
 
 
-class MoverLease:
-    """The lease of one store (its home key set) for the worker ``ident``, taken and renewed by its beats."""
+@dataclass(frozen=True)
+class LeaseUse:
+    """One user of the lease: its name, the key (a :class:`~celery_dlq.storage.keys.Keys` attribute), its form
+    (``"key"``: :class:`Lease`; ``"index"``: :class:`LeaseIndex` and ``lib.lua``), who owns it, who takes it."""
 
-    def __init__(self, client: Any, keys: Keys, ident: str, lease: float, interval: float,
-                 blocking: Any = None) -> None:
-        """``blocking``: the client of :meth:`wait_for_due` (one whose socket timeout outlasts the wait)."""
-        self.client, self.keys, self.ident, self.lease, self.interval = client, keys, ident, lease, interval
-        self.blocking = blocking if blocking is not None else client
-        self.held = False
-        self._beats = 0
-        self._renew_every = RENEW_EVERY if lease - interval >= (RENEW_EVERY + 1) * interval - 1e-9 else 1
-        self._scripts = Scripts(client)
+    name: str
+    key: str
+    form: str
+    owner: str
+    taken_in: tuple[str, ...]
 
-    @property
-    def ttl_ms(self) -> int:
-        """How long the lease outlives its holder's last beat (ms): ``dlq_mover_lease`` minus one interval."""
-        return to_ms(self.lease - self.interval)
 
-    def beat(self) -> bool:
-        """One beat: take the lease if it is free, or renew it; whether this worker holds it now."""
-        key = self.keys.mover_lease
-        if not self.held:
-            self.held, self._beats = bool(self.client.set(key, self.ident, nx=True, px=self.ttl_ms)), 0
-            return self.held
-        self._beats += 1
-        if self._beats % self._renew_every:
-            return self.held
-        if self._beats % VERIFY_EVERY:
-            self.held = bool(self.client.pexpire(key, self.ttl_ms))
-        else:
-            self.held = int(self._scripts.run("heartbeat", [key], [self.ident, self.ttl_ms, "renew"])) == 1
-        return self.held
+#: Every lease celery-dlq takes (one place; a test holds the code to it).
+LEASES: tuple[LeaseUse, ...] = (
+    LeaseUse("leader", "mover_lease", "key", "a worker process: the one that runs the leader's duties",
+             ("worker/leader/lease.py", "worker/park/mover.py")),
+    LeaseUse("breaker release", "breaker_release", "key", "a thread pushing back what the fetch held of one task",
+             ("worker/features/breaker.py",)),
+    LeaseUse("claims", "leases", "index", "the mover that claimed the entry (its claim is the lease)",
+             ("lua/claim_due.lua", "lua/move_due.lua", "lua/ack.lua", "lua/release.lua")),
+    LeaseUse("jobs", "job_leases", "index", "the process running the job (``owner`` in its record)",
+             ("lua/job_create.lua", "lua/job_claim.lua", "lua/job_state.lua", "storage/jobs.py")),
+    LeaseUse("in-flight beats", "consumers", "index", "the worker process that fetched the messages",
+             ("lua/fetch.lua", "lua/give_back.lua", "storage/inflight.py")),
+)
 
-    def release(self) -> None:
-        """Give the lease up (a stopping worker): another worker takes it at its next beat."""
-        if self.held:
-            self.held = False
-            self._scripts.run("heartbeat", [self.keys.mover_lease], [self.ident, self.ttl_ms, "release"])
 
-    def wait_for_due(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds on the home set's wake marker (``park.lua`` writes it); True if woken."""
-        return self.blocking.bzpopmin(self.keys.due_wake, timeout=max(0.01, timeout)) is not None
+class Lease:
+    """A lease on its own key (``key``) for ``owner``, ``ttl_ms`` long from each acquire or renew."""
 
-    def wake(self) -> None:
-        """Write the wake marker (a stopping holder ends its own wait this way)."""
-        self.client.zadd(self.keys.due_wake, {"due": 0})
+    def __init__(self, client: Any, key: str, owner: str, ttl_ms: int, scripts: Scripts | None = None) -> None:
+        self.client, self.key, self.owner, self.ttl_ms = client, key, owner, int(ttl_ms)
+        self._scripts = scripts if scripts is not None else Scripts(client)
+
+    def _run(self, op: str) -> bool:
+        return int(self._scripts.run("lease", [self.key], [op, self.owner, self.ttl_ms])) == 1
+
+    def acquire(self) -> bool:
+        """Take the lease if it is free; whether this owner took it (False while anyone holds it, this owner too:
+        a holder renews)."""
+        return bool(self.client.set(self.key, self.owner, nx=True, px=self.ttl_ms))
+
+    def renew(self) -> bool:
+        """Renew this owner's lease for ``ttl_ms`` more; False (nothing done) when another holds it or none does."""
+        return self._run("renew")
+
+    def release(self) -> bool:
+        """Give this owner's lease up; False (nothing done) when another holds it or none does."""
+        return self._run("release")
+
+
+class LeaseIndex:
+    """Many leases in one ZSET (``key``): member -> ms (an expiry, or for beats the lease's start)."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client, self.key = client, key
+
+    def hold(self, member: str, at_ms: int) -> None:
+        """``member``'s lease, scored ``at_ms`` (one command)."""
+        self.client.zadd(self.key, {member: at_ms})
+
+    def first(self) -> tuple[str, int] | None:
+        """The member scored lowest (the first lease to run out), and its score; None when there is none."""
+        first = self.client.zrange(self.key, 0, 0, withscores=True)
+        return (_text(first[0][0]), int(first[0][1])) if first else None
+
+    def members(self) -> list[tuple[str, int]]:
+        """Every member and its score."""
+        return [(_text(name), int(score)) for name, score in self.client.zrange(self.key, 0, -1, withscores=True)]
+
+    def lapsed(self, upto_ms: int, limit: int, *, inclusive: bool = True) -> list[str]:
+        """Up to ``limit`` members scored at most ``upto_ms`` (below it where not ``inclusive``), lowest first."""
+        bound = upto_ms if inclusive else f"({upto_ms}"
+        return [_text(name) for name in self.client.zrangebyscore(self.key, "-inf", bound, start=0, num=limit)]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

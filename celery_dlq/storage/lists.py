@@ -1,4 +1,5 @@
-"""Reading kombu's queue lists from the old end, a page at a time: what the operator tools and retention share.
+"""Reading kombu's queue lists from the old end, a page at a time: what the operator tools and retention share;
+and pushing an element onto one as kombu's publish would (:func:`push_element`).
 
 kombu's Redis transport pushes new messages on the left (``LPUSH``) and
 consumers pop from the right, so the oldest message of a list is at index
@@ -48,3 +49,8 @@ def oldest_pages(client: Any, keys: list[str], batch: int) -> dict[str, tuple[in
         pipe.lrange(key, *tail_range(0, batch))
     replies = pipe.execute()
     return {key: (replies[2 * n], replies[2 * n + 1][::-1]) for n, key in enumerate(keys)}
+
+
+def push_element(client: Any, key: str, element: bytes) -> None:
+    """Push a kombu list element (a parked retry in the direct format) onto list ``key``, as kombu pushes."""
+    client.lpush(key, element)

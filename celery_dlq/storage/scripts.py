@@ -33,17 +33,20 @@ SCRIPT_NAMES = (
     "remove_letters",
     "find_letter",
     "trend",
-    "heartbeat",
+    "lease",
     "give_back",
     "mark_queues",
     "append_events",
     "chord_hold",
+    "chord_dying",
     "chord_settle",
     "chord_park_unlock",
     "job_create",
     "job_state",
     "job_claim",
     "release_held",
+    "login_take",
+    "login_succeeded",
 )
 #: Prepended to every script: the parked payload formats and the failure-group index (``lua/lib.lua``).
 PRELUDE = "lib"

@@ -17,12 +17,13 @@ from __future__ import annotations
 import heapq
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery_dlq.message import as_text as _text
 from celery_dlq.settings import DLQSettings
+from celery_dlq.storage import totals
 from celery_dlq.storage.archive import EventLog
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.replication import Replication
@@ -47,6 +48,19 @@ class Shard:
     keys: Keys
     store: ParkedStore
     archive: EventLog
+
+    def raise_counts(self, stats: Sequence[str], metric: str, labels: Mapping[str, Any], series: Sequence[str] = (),
+                     pipe: Any = None) -> None:
+        """Raise each of ``stats`` (fields of the ``stats`` hash), ``metric`` with ``labels`` and the trends'
+        ``series`` by one, in one round trip with what the caller queued on ``pipe`` (a pipeline on this
+        shard's client)."""
+        pipe = self.store.client.pipeline(transaction=False) if pipe is None else pipe
+        for stat in stats:
+            pipe.hincrby(self.keys.stats, stat, 1)
+        totals.incr(pipe, self.keys, metric, **labels)
+        if series:
+            self.store.trend(pipe, list(series))
+        pipe.execute()
 
 
 class ShardedStore:
@@ -137,7 +151,7 @@ class ShardedStore:
             keys = shards[k].keys
             pipe = self.client.pipeline(transaction=False)
             for entry_id, due in part.items():   # an entry due sooner keeps its time; a leased one is left
-                script(keys=[keys.schedule, keys.due_wake], args=[entry_id, int(due * 1000)], client=pipe)
+                script(keys=[keys.delayed, keys.due_wake], args=[entry_id, int(due * 1000)], client=pipe)
             parked += sum(int(n) for n in pipe.execute())
         return parked
 
@@ -157,7 +171,7 @@ class ShardedStore:
         shards = self.all
         for shard in shards:
             for low, high in zip(edges_ms, edges_ms[1:]):
-                pipe.zcount(shard.keys.schedule, low, f"({high}")
+                pipe.zcount(shard.keys.delayed, low, f"({high}")
         replies = pipe.execute()
         width = len(edges_ms) - 1
         return [sum(replies[n * width + i] for n in range(len(shards))) for i in range(width)]
@@ -170,9 +184,9 @@ class ShardedStore:
         for shard in self.all:
             k, cutoff = shard.keys, f"({cutoff_ms}"
             pipe = self.client.pipeline(transaction=True)
-            for key in (k.schedule, k.leases):
+            for key in (k.delayed, k.leases):
                 pipe.zcount(key, "-inf", cutoff)
-            for key in (k.schedule, k.leases):
+            for key in (k.delayed, k.leases):
                 pipe.zrangebyscore(key, "-inf", cutoff, start=0, num=sample)
             waiting, leased, due_ids, leased_ids = pipe.execute()
             total += int(waiting) + int(leased)

@@ -24,7 +24,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from celery_dlq.ops import DeadLetterQueue, NothingSelected, ReplayIntoItself, Selection, Selector
-from celery_dlq.ops.audit import Actor
+from celery_dlq.ops.audit import Actor, Audit
 from celery_dlq.ops.jobs import DLQBusy
 from celery_dlq.ops.queue import refuse_self_replay
 from celery_dlq.web.auth import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE
@@ -33,7 +33,7 @@ from celery_dlq.web.query import Query
 from celery_dlq.web.render import href, render
 from celery_dlq.web.roles import require
 from celery_dlq.web.users import TOKEN_USER
-from celery_dlq.web.views import next_path
+from celery_dlq.web.views import named_dlq, next_path
 
 logger = logging.getLogger(__name__)
 VERBS = {"replay": "Replay", "purge": "Purge"}
@@ -45,7 +45,8 @@ async def posted(request: Request, action: str | None = None) -> FormData:
     if action is not None:
         require(request, action)
     form = await request.form()
-    if not request.app.state.access.csrf_ok(request.cookies.get(CSRF_COOKIE), form.get(CSRF_FIELD)):
+    if not request.app.state.access.csrf_ok(request.cookies.get(CSRF_COOKIE), form.get(CSRF_FIELD),
+                                            getattr(request.state, "csrf_binding", "")):
         logger.warning("celery-dlq web: refused %s %s to user %r: CSRF token missing or wrong", request.method,
                        request.url.path, getattr(request.state, "user", None))
         raise HTTPException(403, "CSRF token missing or wrong: reload the page and try again (nothing was changed)")
@@ -84,7 +85,7 @@ def confirm_page(request: Request) -> Response:
     """How many dead letters the action will move, and the button that does it."""
     verb = request.query_params.get("action", "")
     require(request, verb if verb in VERBS else "replay")
-    dead = request.app.state.op.queue(request.path_params["name"])
+    dead = named_dlq(request, request.path_params["name"])
     selection = Action(request.query_params, verb)
     return render(request, "confirm.html", dead=dead, selection=selection, count=dead.count(selection.where()),
                   title=selection.describe(dead))
@@ -103,12 +104,13 @@ async def start(request: Request, name: str, selection: Action, expected: int | 
     """Start ``selection``'s replay or purge of DLQ ``name`` as a job in Redis, run by this process (the role was
     checked); a purge needs ``why``, recorded in the audit trail with the user."""
     verb, op = selection.verb, request.app.state.op
-    dead = await run_in_threadpool(op.queue, name)
+    dead = await run_in_threadpool(named_dlq, request, name)
     if verb == "replay":
         try:
             refuse_self_replay(dead.name, selection.to)
         except ReplayIntoItself as exc:
             raise HTTPException(400, str(exc)) from None
+        await run_in_threadpool(known_target, op, selection.to)
     why = why.strip()
     if verb == "purge" and not why:
         raise HTTPException(400, "say why you purge (the reason is kept in the audit trail): nothing was deleted")
@@ -118,6 +120,35 @@ async def start(request: Request, name: str, selection: Action, expected: int | 
             title=selection.describe(dead), total=expected, rate=selection.rate))
     except DLQBusy as exc:
         raise HTTPException(409, f"{exc} (job {exc.holder}: {href(request, '/jobs/' + exc.holder)})") from None
+
+
+def known_target(op: Any, to: str | None) -> None:
+    """Go on if a replay's ``to`` is a queue the app knows: declared (``task_queues``, the default queue), named
+    by ``task_routes``, or a list kombu holds now; else 400. Any other name would make the broker hold a new
+    list nobody consumes, or feed a list that is no queue."""
+    if to is None:
+        return
+    app = op.app
+    if to in app.amqp.queues or to == app.conf.task_default_queue or to in routed_queues(app.conf.task_routes):
+        return
+    if op.depth(to):
+        return
+    raise HTTPException(400, f"replay to {to[:200]!r}: not a queue this app declares, routes to or finds in the "
+                             "broker (nothing was replayed)")
+
+
+def routed_queues(routes: Any) -> set[str]:
+    """The queue names ``task_routes`` gives (a mapping, or a list of mappings; routers that are functions name
+    none that can be read)."""
+    maps = [routes] if isinstance(routes, dict) else [r for r in routes or () if isinstance(r, dict)]
+    out = set()
+    for mapping in maps:
+        for route in mapping.values():
+            queue = route.get("queue") if isinstance(route, dict) else route
+            name = getattr(queue, "name", queue)
+            if isinstance(name, str):
+                out.add(name)
+    return out
 
 
 def _rate(value: Any) -> float | None:
@@ -153,11 +184,12 @@ async def act_on_parked(request: Request, verb: str, entry_id: str) -> int:
     """Redeliver or delete one parked retry (the role was checked); how many entries it took (0: gone already)."""
     if verb not in PARKED_VERBS or not entry_id:
         raise HTTPException(400, "redeliver or delete one parked retry: entry_id is required")
-    parked = request.app.state.op.parked
+    op = request.app.state.op
+    audit, actor = Audit(op), Actor(request.state.user)
     if verb == "redeliver":
-        n = await run_in_threadpool(parked.redeliver_now, entry_id)
+        n = await run_in_threadpool(lambda: op.parked.redeliver_now(entry_id, audit=audit, actor=actor))
     else:
-        n = await run_in_threadpool(lambda: parked.delete(entry_id, force=True))
+        n = await run_in_threadpool(lambda: op.parked.delete(entry_id, force=True, audit=audit, actor=actor))
     logger.info("celery-dlq web: %s parked retry %s by %s: %d", verb, entry_id, request.state.user, n)
     return n
 
@@ -210,7 +242,8 @@ async def revoke(request: Request) -> Response:
     user = str(form.get("user") or "").strip()
     if not user:
         raise HTTPException(400, "say whose sessions to revoke: user is required")
-    n = await run_in_threadpool(request.app.state.sessions.revoke, user)
+    n = await run_in_threadpool(lambda: request.app.state.sessions.revoke(
+        user, audit=Audit(request.app.state.op), actor=Actor(request.state.user, str(form.get("why") or ""))))
     logger.warning("celery-dlq web: revoked %d session(s) of user %r, by %r", n, user, request.state.user)
     return await run_in_threadpool(sessions_page, request, n, user)
 

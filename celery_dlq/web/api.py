@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from celery_dlq.errors import DLQError
-from celery_dlq.ops.audit import Actor
+from celery_dlq.ops.audit import Actor, AuditNotWritten
 from celery_dlq.ops.jobs import JobStateError
 from celery_dlq.web.actions import PARKED_VERBS, VERBS, Action, act_on_parked, start
-from celery_dlq.web.jobs import JOB_ACTIONS, NO_SUCH_JOB
+from celery_dlq.web.jobs import JOB_ACTIONS, NO_SUCH_JOB, require_job
 from celery_dlq.web.query import FILTERS
 from celery_dlq.web.render import href
 from celery_dlq.web.roles import require
@@ -88,6 +88,7 @@ async def job_action(request: Request) -> Response:
     """``POST /api/jobs/<id>/pause|resume|cancel`` (``{"why": ...}`` optional): the job as it is then."""
     action, job_id = request.path_params["action"], request.path_params["job_id"]
     data = await body(request, "job")
+    await run_in_threadpool(require_job, request, job_id)
     if action not in JOB_ACTIONS:
         raise HTTPException(400, f"unknown job action {action!r}")
     try:
@@ -95,6 +96,8 @@ async def job_action(request: Request) -> Response:
                                 Actor(request.state.user, str(data.get("why") or "")))
     except JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
+    except AuditNotWritten:
+        raise
     except DLQError as exc:   # no such job
         raise HTTPException(404, str(exc)) from None
     return job_status(request)

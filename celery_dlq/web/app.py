@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_dlq.errors import BrokerNotSupported, UnknownQueue
 from celery_dlq.ops import Operator
+from celery_dlq.ops.audit import AuditNotWritten
 from celery_dlq.settings import web_token
 from celery_dlq.urls import sanitize
 from celery_dlq.web import actions, api, breakers, edit, jobs, views
@@ -80,14 +81,15 @@ def create_app(celery_app: Any, *, basic_auth: Iterable[str] = (), users_file: s
         raise ValueError("allowed_hosts '*' cannot go with no_auth: any web page could reach the dashboard "
                          "through DNS rebinding")
     op = operator if operator is not None else Operator(celery_app)
-    sessions = Sessions(op.client, op.keys, session_ttl)
-    throttle = LoginThrottle(op.client, op.keys, login_limit, login_window)
+    sessions = Sessions(op.web_sessions, session_ttl)
+    throttle = LoginThrottle(op.login_failures, login_limit, login_window)
     app = Starlette(
         routes=[*views.ROUTES, *actions.ROUTES, *api.ROUTES, *jobs.ROUTES, *edit.ROUTES, *breakers.ROUTES,
                 Mount("/static", app=StaticFiles(packages=[("celery_dlq.web", "static")]), name="static")],
         middleware=[Middleware(OriginMiddleware, origin=origin),
                     Middleware(AuthMiddleware, access=access, sessions=sessions, throttle=throttle)],
         exception_handlers={HTTPException: _http_error, UnknownQueue: _not_found, BadQuery: _bad_query,
+                            AuditNotWritten: _unaudited,
                             BrokerNotSupported: _unavailable, redis.RedisError: _unavailable},
     )
     app.state.op, app.state.access, app.state.jobs = op, access, DashboardJobs(op)
@@ -133,6 +135,13 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _bad_query(request: Request, exc: Exception) -> Response:
     return _error(request, 400, "Bad filter", str(exc))
+
+
+async def _unaudited(request: Request, exc: Exception) -> Response:
+    """An action whose audit record could not be written (docs/operating.md: the audit fails closed)."""
+    return _error(request, 503, "Not audited", f"{exc}. A parked retry's redelivery or deletion and a session "
+                  "revoke are recorded first: they were refused, nothing changed. Other actions are recorded after "
+                  "they run: look at what you acted on (the record is in the dashboard's log).")
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:

@@ -15,8 +15,10 @@ Ways in, chosen when the app is built (:class:`Access`):
 ``read_only`` makes everyone a viewer. Every state-changing request is a
 POST carrying a CSRF token: an HMAC of a random per-browser nonce kept in
 an HttpOnly, SameSite=Strict cookie (a double-submit token another site can
-neither read nor compute). Passwords and tokens are compared in constant
-time and never logged.
+neither read nor compute), bound to the session and user it was shown to
+(a token of one session is refused in another). Passwords and tokens are
+compared in constant time and never logged; an unknown user name costs the
+same key derivation as a known one (:func:`decoy_password`).
 """
 from __future__ import annotations
 
@@ -27,7 +29,17 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
-from celery_dlq.web.users import ADMIN, ROLES, TOKEN_USER, VIEWER, User, check, credential_tag
+from celery_dlq.web.users import (
+    ADMIN,
+    ROLES,
+    TOKEN_USER,
+    VIEWER,
+    User,
+    check,
+    credential_tag,
+    hash_iterations,
+    hash_password,
+)
 
 SESSION_COOKIE = "dlq_session"
 CSRF_COOKIE = "dlq_csrf"
@@ -36,8 +48,6 @@ CSRF_FIELD = "csrf_token"
 VERIFIED_MAX = 1024
 #: The user of a ``no_auth`` dashboard (a loopback client).
 LOCAL_USER = "local"
-#: Compared against when the user is unknown, so a wrong name is not answered faster than a wrong plain password.
-_NOBODY = User("", VIEWER, secrets.token_hex(16))
 
 
 def is_loopback(host: str | None) -> bool:
@@ -61,6 +71,9 @@ class Access:
     #: HMACs (keyed with ``secret``) of user and password pairs checked right: a script's ``Authorization``
     #: header then costs one HMAC per request, not 600,000 PBKDF2 rounds.
     _verified: set[str] = field(default_factory=set, init=False, repr=False)
+    #: What each user's password is checked against (:func:`decoy_password`), and the unknown user's decoy.
+    _checked: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    _decoy: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.users or self.token or self.no_auth):
@@ -70,6 +83,7 @@ class Access:
         if self.token_role not in ROLES:
             raise ValueError(f"token_role must be one of {', '.join(ROLES)}, not {self.token_role!r}")
         self._tags = {name: credential_tag(name, user.password) for name, user in self.users.items()}
+        self._checked, self._decoy = decoy_password(self.users)
         if self.token is not None:
             self._tags[TOKEN_USER] = credential_tag(TOKEN_USER, self.token)
 
@@ -87,8 +101,8 @@ class Access:
         seen = self._sign(f"password:{user}\0{password}")
         if seen in self._verified:
             return True
-        known = self.users.get(user)
-        ok = check((known or _NOBODY).password, password) and known is not None
+        known = user in self.users
+        ok = check(self._checked[user] if known else self._decoy, password) and known
         if ok:
             if len(self._verified) >= VERIFIED_MAX:
                 self._verified.clear()
@@ -127,12 +141,37 @@ class Access:
     def _sign(self, text: str) -> str:
         return hmac.new(self.secret, text.encode(), hashlib.sha256).hexdigest()
 
-    def csrf_token(self, nonce: str) -> str:
-        return self._sign("csrf:" + nonce)
+    def csrf_token(self, nonce: str, binding: str = "") -> str:
+        """The token of the browser's ``nonce``, bound to ``binding`` (:func:`csrf_binding`: its session and user)."""
+        return self._sign(f"csrf:{nonce}\0{binding}")
 
-    def csrf_ok(self, nonce: str | None, token: str | None) -> bool:
+    def csrf_ok(self, nonce: str | None, token: str | None, binding: str = "") -> bool:
         return bool(nonce) and bool(token) and hmac.compare_digest(str(token).encode(),
-                                                                   self.csrf_token(str(nonce)).encode())
+                                                                   self.csrf_token(str(nonce), binding).encode())
+
+
+def csrf_binding(user: str | None, session_id: str | None) -> str:
+    """What a CSRF token is bound to: the user it was shown to and the session cookie it came with."""
+    return f"{user or ''}\0{session_id or ''}"
+
+
+def decoy_password(users: dict[str, User]) -> tuple[dict[str, str], str]:
+    """What each user's password is checked against, and the decoy an unknown user name is checked against,
+    so that both cost the same key derivation: login time does not tell which user names exist.
+
+    Without a hashed password among the users every check is a plain comparison (the decoy too). With one,
+    the decoy is hashed with the same scheme and the largest iteration count among the users, and plain
+    passwords are hashed alike once, in memory, when the dashboard starts (so a plain user is not answered
+    faster than an unknown one). A hash made with fewer iterations than the others still answers faster:
+    ``celery dlq web-passwd`` gives every user the same count."""
+    counts = [n for n in (hash_iterations(user.password) for user in users.values()) if n]
+    if not counts:
+        return {name: user.password for name, user in users.items()}, secrets.token_hex(16)
+    most = max(counts)
+    checked = {name: user.password if hash_iterations(user.password) else hash_password(user.password,
+                                                                                          iterations=most)
+               for name, user in users.items()}
+    return checked, hash_password(secrets.token_hex(16), iterations=most)
 
 
 def new_nonce() -> str:

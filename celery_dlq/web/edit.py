@@ -19,20 +19,24 @@ from starlette.routing import Route
 
 from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.edit import BadEdit, Edit, parse_json, replay_edited
-from celery_dlq.web.actions import posted
+from celery_dlq.web.actions import known_target, posted
 from celery_dlq.web.render import render
 from celery_dlq.web.roles import require
+from celery_dlq.web.views import NEVER_DECODED, displayed, letter_task_id, named_dlq
 
 logger = logging.getLogger(__name__)
 
 
 def _letter(request: Request) -> tuple[Any, Any]:
-    dead = request.app.state.op.queue(request.path_params["name"])
-    letter = dead.get(request.path_params["task_id"])
+    """The DLQ and the letter of the URL, the letter never decoded with pickle (``views.displayed``): the form
+    edits its headers only, then."""
+    dead = named_dlq(request, request.path_params["name"])
+    task_id = letter_task_id(request)
+    letter = dead.get(task_id)
     if letter is None:
-        raise HTTPException(404, f"no dead letter of task {request.path_params['task_id']} in {dead.name}: "
+        raise HTTPException(404, f"no dead letter of task {task_id} in {dead.name}: "
                                  "it was replayed or purged (perhaps by someone else)")
-    return dead, letter
+    return dead, displayed(letter)
 
 
 def _form(letter: Any, values: Any = None) -> dict:
@@ -68,6 +72,10 @@ async def edit_replay(request: Request) -> Response:
         if not form["why"].strip():
             raise BadEdit("say why you edit this letter (the reason is kept in the audit trail)")
         edit = _edit(letter.task_id, form)
+        if (edit.args is not None or edit.kwargs is not None) and letter.content_type in NEVER_DECODED:
+            raise BadEdit(f"the dashboard never decodes {letter.content_type}: edit its headers here, its "
+                          "arguments with celery dlq edit")
+        known_target(request.app.state.op, form["to"].strip() or None)
         out = await run_in_threadpool(replay_edited, dead, edit, Actor(request.state.user, form["why"]),
                                       to=form["to"].strip() or None)
     except BadEdit as exc:

@@ -20,15 +20,17 @@ from starlette.routing import Route
 
 from celery_dlq.errors import DLQError
 from celery_dlq.ops import Operator, Outcome, Selection
-from celery_dlq.ops.audit import Actor, Audit
+from celery_dlq.ops.audit import Actor, Audit, AuditNotWritten
 from celery_dlq.ops.jobrun import JobRunner
 from celery_dlq.ops.jobs import Job, Jobs, JobStateError, Velocity
 from celery_dlq.web.actions import posted
 from celery_dlq.web.render import href, render
+from celery_dlq.web.roles import require
 
 logger = logging.getLogger(__name__)
 
-#: The job actions a page may post, each needing the ``job`` role action (an operator).
+#: The job actions a page may post, each needing the ``job`` role action (an operator) and the role the job's own
+#: action needed to start (:func:`require_job`: an admin for a purge's).
 JOB_ACTIONS = ("pause", "resume", "cancel")
 NO_SUCH_JOB = "no such job (ended jobs are kept for a week)"
 
@@ -50,7 +52,7 @@ class WebJob:
 
     @property
     def verb(self) -> str:
-        return "purge" if self.refresh().kind == "purge" else "replay"
+        return job_verb(self.refresh().kind)
 
     @property
     def user(self) -> str:
@@ -138,6 +140,22 @@ class DashboardJobs:
         return WebJob(self.jobs, job_id)
 
 
+def require_job(request: Request, job_id: str) -> None:
+    """Go on if the request's role may act on job ``job_id``: the ``job`` action, and the action the job runs
+    (a purge's job is paused, resumed or cancelled by an admin only, as it was started); else 403. No such
+    job: 404."""
+    require(request, "job")
+    job = request.app.state.jobs.jobs.get(job_id)
+    if job is None:
+        raise HTTPException(404, NO_SUCH_JOB)
+    require(request, job_verb(job.kind))
+
+
+def job_verb(kind: str) -> str:
+    """The role action a job of ``kind`` needed to start: ``purge`` for a purge, ``replay`` for the rest."""
+    return "purge" if kind == "purge" else "replay"
+
+
 def jobs_page(request: Request) -> Response:
     """Every job kept, newest first; reloads while one runs."""
     jobs = request.app.state.jobs.recent()
@@ -155,6 +173,7 @@ async def job_action(request: Request) -> Response:
     """Pause, resume or cancel a job (an operator, CSRF checked), whichever process runs it."""
     action, job_id = request.path_params["action"], request.path_params["job_id"]
     form = await posted(request, "job")
+    await run_in_threadpool(require_job, request, job_id)
     if action not in JOB_ACTIONS:
         raise HTTPException(400, f"unknown job action {action!r}")
     actor = Actor(request.state.user, str(form.get("why") or "").strip())
@@ -163,6 +182,8 @@ async def job_action(request: Request) -> Response:
         await run_in_threadpool(getattr(handle, action), job_id, actor)
     except JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
+    except AuditNotWritten:
+        raise
     except DLQError as exc:   # no such job
         raise HTTPException(404, str(exc)) from None
     logger.info("celery-dlq web: %s job %s by %s", action, job_id, request.state.user)

@@ -15,7 +15,7 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from celery_dlq.web.auth import CSRF_COOKIE, LOCAL_USER, SESSION_COOKIE, Access, is_loopback, new_nonce
+from celery_dlq.web.auth import CSRF_COOKIE, LOCAL_USER, SESSION_COOKIE, Access, csrf_binding, is_loopback, new_nonce
 from celery_dlq.web.render import unavailable
 from celery_dlq.web.sessions import Sessions
 from celery_dlq.web.throttle import LoginThrottle
@@ -62,6 +62,11 @@ class AuthMiddleware(BaseHTTPMiddleware):
                                "--trusted-proxy", request.method, request.url.path, client_address(request))
                 raise Refused(PlainTextResponse("forwarded headers from a proxy not named with --trusted-proxy: "
                                                 "refused, since every client behind it would look local", 403))
+            if getattr(request.state, "unforwarded", False):
+                logger.warning("celery-dlq web: refused %s %s to %s: a trusted proxy sent no X-Forwarded-For",
+                               request.method, request.url.path, client_address(request))
+                raise Refused(PlainTextResponse("a trusted proxy sent no X-Forwarded-For: refused, since --no-auth "
+                                                "would serve every client behind it as the proxy itself", 403))
             return LOCAL_USER if is_loopback(client_address(request)) else None
         if request.headers.get("authorization"):
             return self.from_header(request)
@@ -91,10 +96,12 @@ class AuthMiddleware(BaseHTTPMiddleware):
         fresh = not nonce
         request.state.csrf_nonce = nonce = nonce or new_nonce()
         request.state.user = request.state.role = None
+        request.state.csrf_binding = csrf_binding(None, request.cookies.get(SESSION_COOKIE))
         path = local_path(request)
         try:
             request.state.user = await run_in_threadpool(self.user, request)
             request.state.role = self.access.role(request.state.user)
+            request.state.csrf_binding = csrf_binding(request.state.user, request.cookies.get(SESSION_COOKIE))
             if request.state.user is None and not path.startswith(PUBLIC):
                 raise Refused(self.refuse(request, path))
             response = await call_next(request)

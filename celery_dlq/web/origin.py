@@ -16,7 +16,10 @@
   proxy's (so a cookie is ``Secure`` behind a TLS proxy). From any other
   peer they are ignored, and the request is marked
   (``request.state.untrusted_forwarding``): ``no_auth`` refuses it, since a
-  proxy nobody named makes every client look local.
+  proxy nobody named makes every client look local. A trusted proxy that
+  sends no ``X-Forwarded-For`` marks the request too
+  (``request.state.unforwarded``): ``no_auth`` refuses it, since its client
+  would be the proxy itself (on the same host, a loopback address).
 """
 from __future__ import annotations
 
@@ -138,7 +141,10 @@ class OriginMiddleware:
         scope = dict(scope, state=dict(scope.get("state") or {}))
         peer = (scope.get("client") or ("", 0))[0]
         if self.origin.trusted(peer):
-            scope["client"] = (self.origin.client(_header(headers, b"x-forwarded-for"), peer), 0)
+            forwarded_for = _header(headers, b"x-forwarded-for")
+            if not any(hop.strip() for value in forwarded_for for hop in value.split(",")):
+                scope["state"]["unforwarded"] = True    # the proxy's own address: no_auth refuses it
+            scope["client"] = (self.origin.client(forwarded_for, peer), 0)
             proto = [p.strip().lower() for v in _header(headers, b"x-forwarded-proto") for p in v.split(",")]
             if proto and proto[-1] in ("http", "https"):
                 scope["scheme"] = proto[-1]

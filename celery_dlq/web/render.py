@@ -34,14 +34,18 @@ def render(request: Request, template: str, status: int = 200, **context: Any) -
     role = getattr(request.state, "role", None)
     context.update(href=lambda path, query="": href(request, path, query),
                    user=getattr(request.state, "user", None), role=role, can=lambda action: may(role, action),
-                   read_only=state.read_only, where=state.where,
-                   csrf_field=CSRF_FIELD, csrf_token=state.access.csrf_token(request.state.csrf_nonce))
+                   read_only=state.read_only, where=state.where if getattr(request.state, "user", None) else None,
+                   csrf_field=CSRF_FIELD, csrf_token=state.access.csrf_token(
+                       request.state.csrf_nonce, getattr(request.state, "csrf_binding", "")))
     return state.templates.TemplateResponse(request, template, context, status_code=status)
 
 
 def unavailable(request: Request, exc: Exception) -> Response:
-    """503: Redis (or the broker) cannot be read; the URLs shown without passwords."""
+    """503: Redis (or the broker) cannot be read; the URLs (without passwords) only to a logged-in user: a public
+    page (the login, a 503 before the session is read) never names the Redis hosts."""
     where = request.app.state.where
+    hosts = f"; broker {where['broker']}, store {where['dlq_redis_url']}" if getattr(request.state, "user",
+                                                                                       None) else ""
     message = str(exc) if isinstance(exc, BrokerNotSupported) else (
-        f"cannot read Redis ({type(exc).__name__}); broker {where['broker']}, store {where['dlq_redis_url']}")
+        f"cannot read Redis ({type(exc).__name__}){hosts}")
     return render(request, "error.html", 503, title="Redis unavailable", message=message)

@@ -7,20 +7,23 @@ Redis cannot log in with what they read. A session expires on its own after
 web-sessions --revoke USER`` deletes every one of a user. Every dashboard
 process on the same Redis and key prefix sees the same sessions.
 
-Pure redis-py (no Starlette), so the CLI uses it without the web extra.
+No Starlette, so the CLI uses it without the web extra; the Redis I/O is
+:class:`~celery_dlq.storage.sessions.SessionStore` (``Operator.web_sessions``).
 """
 from __future__ import annotations
 
-import builtins
 import hashlib
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from celery_dlq.ops.audit import Actor
 
 if TYPE_CHECKING:
-    from celery_dlq.storage.keys import Keys
+    from celery_dlq.ops.audit import Audit
+    from celery_dlq.storage.sessions import SessionStore
 
 #: A login lasts this long (seconds).
 SESSION_TTL = 12 * 3600
@@ -42,25 +45,18 @@ class SessionInfo:
 
 
 class Sessions:
-    """Create, look up, end and revoke dashboard sessions in ``client`` under ``keys``."""
+    """Create, look up, end and revoke dashboard sessions (kept by ``store``, :mod:`celery_dlq.storage.sessions`)."""
 
-    def __init__(self, client: Any, keys: Keys, ttl: int = SESSION_TTL,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.client, self.keys, self.ttl, self.clock = client, keys, ttl, clock
+    def __init__(self, store: SessionStore, ttl: int = SESSION_TTL, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.ttl, self.clock = store, ttl, clock
 
     def create(self, user: str, address: str = "", tag: str = "") -> str:
         """A new session of ``user``: the cookie value to send (the only place it exists). ``tag``: what it
         records of the credential it was opened with (:meth:`~celery_dlq.web.auth.Access.tag`)."""
         session_id = secrets.token_urlsafe(32)
-        digest, now = _digest(session_id), self.clock()
-        key = self.keys.web_session(digest)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping={"user": user, "created": now, "expires": now + self.ttl, "address": address,
-                                "tag": tag})
-        pipe.expire(key, self.ttl)
-        pipe.zadd(self.keys.web_sessions, {digest: now + self.ttl})
-        pipe.zremrangebyscore(self.keys.web_sessions, "-inf", now)
-        pipe.execute()
+        now = self.clock()
+        self.store.create(_digest(session_id), {"user": user, "created": now, "expires": now + self.ttl,
+                                                "address": address, "tag": tag}, now=now, ttl=self.ttl)
         return session_id
 
     def user(self, session_id: str | None) -> str | None:
@@ -72,41 +68,28 @@ class Sessions:
         """``(user, credential tag)`` of a live session; None when absent, ended, revoked or expired."""
         if not session_id or len(session_id) > 128:
             return None
-        user, expires, tag = self.client.hmget(self.keys.web_session(_digest(session_id)), "user", "expires", "tag")
+        fields = self.store.read(_digest(session_id))
+        user, expires = fields["user"], fields["expires"]
         if user is None or expires is None or float(expires) <= self.clock():
             return None
-        return user.decode(), (tag or b"").decode()
+        return user, fields["tag"] or ""
 
     def end(self, session_id: str | None) -> None:
         """Log out: the session is gone for every process."""
         if session_id and len(session_id) <= 128:
-            self._delete([_digest(session_id)])
+            self.store.delete([_digest(session_id)])
 
     def list(self) -> list[SessionInfo]:
         """Every live session, oldest first."""
-        now = self.clock()
-        digests = [d.decode() for d in self.client.zrangebyscore(self.keys.web_sessions, now, "+inf")]
-        pipe = self.client.pipeline(transaction=False)
-        for digest in digests:
-            pipe.hmget(self.keys.web_session(digest), "user", "created", "expires", "address")
-        out = []
-        for digest, fields in zip(digests, pipe.execute()):
-            if fields[0] is not None:
-                user, created, expires, address = (f.decode() if f is not None else "" for f in fields)
-                out.append(SessionInfo(digest, user, float(created or 0), float(expires or 0), address))
+        out = [SessionInfo(digest, f["user"] or "", float(f["created"] or 0), float(f["expires"] or 0),
+                           f["address"] or "") for digest, f in self.store.live(self.clock())]
         return sorted(out, key=lambda s: s.created)
 
-    def revoke(self, user: str) -> int:
-        """End every session of ``user``; how many there were."""
+    def revoke(self, user: str, *, audit: Audit | None = None, actor: Actor | None = None) -> int:
+        """End every session of ``user``; how many there were. With ``audit``, recorded first (by ``actor``):
+        a record that cannot be written refuses it, every session kept."""
         digests = [s.digest for s in self.list() if s.user == user]
-        self._delete(digests)
+        if audit is not None:
+            audit.record("revoke", actor or Actor.of(), revoked_user=user, counts={"matched": len(digests)})
+        self.store.delete(digests)
         return len(digests)
-
-    def _delete(self, digests: builtins.list[str]) -> None:
-        if not digests:
-            return
-        pipe = self.client.pipeline(transaction=True)
-        for digest in digests:
-            pipe.delete(self.keys.web_session(digest))
-        pipe.zrem(self.keys.web_sessions, *digests)
-        pipe.execute()

@@ -1,14 +1,17 @@
 """Login tries counted in Redis, per client address and per user, so every dashboard process shares the limit.
 
 Each try first takes one of the window's ``limit`` tries (5 by default,
-the window 15 minutes from the first) for its address and for its user,
-atomically (``INCR``), and only then is the password checked: however many
-tries arrive at once, in however many processes, at most ``limit`` are
+the window 15 minutes from the first) for its address and, only when the
+address had one left, for its user, in one atomic step
+(``storage/throttle.py``), and only then is the password checked: however
+many tries arrive at once, in however many processes, at most ``limit`` are
 checked, and the (limit + 1)-th is refused unchecked, a right password
-included. A try that succeeds gives its address's try back and clears its
-user's count (not the address's, so one known account cannot reset the
-count of a password guesser). The login form and ``Authorization`` headers
-count alike. The token login counts per address only: five wrong
+included. A try refused on its address's budget writes nothing for its user
+name, so a client inventing user names cannot grow Redis by more than a
+window's ``limit`` keys. A try that succeeds gives its address's try back
+and clears its user's count (not the address's, so one known account cannot
+reset the count of a password guesser). The login form and ``Authorization``
+headers count alike. The token login counts per address only: five wrong
 ``Bearer`` headers from anywhere must not lock out every script that uses
 the token.
 
@@ -18,14 +21,12 @@ between addresses, and the same trade Django's and Sidekiq's lockouts make.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from redis.exceptions import WatchError
+from typing import TYPE_CHECKING
 
 from celery_dlq.web.users import TOKEN_USER
 
 if TYPE_CHECKING:
-    from celery_dlq.storage.keys import Keys
+    from celery_dlq.storage.throttle import ThrottleStore
 
 #: Failed logins allowed per address and per user in one window.
 LOGIN_LIMIT = 5
@@ -36,35 +37,14 @@ LOGIN_WINDOW = 15 * 60
 class LoginThrottle:
     """``take(address, user)`` before checking a password; ``succeeded`` after a right one."""
 
-    def __init__(self, client: Any, keys: Keys, limit: int = LOGIN_LIMIT, window: int = LOGIN_WINDOW) -> None:
-        self.client, self.keys, self.limit, self.window = client, keys, limit, window
-
-    def _address(self, address: str) -> str:
-        return self.keys.web_login_failures("addr", address or "unknown")
-
-    def _user(self, user: str) -> str:
-        return self.keys.web_login_failures("user", user[:200])
+    def __init__(self, store: ThrottleStore, limit: int = LOGIN_LIMIT, window: int = LOGIN_WINDOW) -> None:
+        self.store, self.limit, self.window = store, limit, window
 
     def take(self, address: str, user: str | None) -> bool:
-        """Take one try for the address and the user; False when either had none left (then check nothing)."""
-        pipe = self.client.pipeline(transaction=True)
-        for key in (self._address(address), *((self._user(user),) if user and user != TOKEN_USER else ())):
-            pipe.set(key, 0, ex=self.window, nx=True)   # the window starts at the first try
-            pipe.incr(key)
-        counts = pipe.execute()[1::2]
-        return all(int(count) <= self.limit for count in counts)
+        """Take one try for the address, then the user; False when either had none left (then check nothing)."""
+        counted = user if user and user != TOKEN_USER else None
+        return self.store.take(address, counted, limit=self.limit, window=self.window)
 
     def succeeded(self, address: str, user: str) -> None:
         """A right password: the address's try back (never below 0, never past its window), the user's count gone."""
-        self.client.delete(self._user(user))
-        key = self._address(address)
-        with self.client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(key)
-                count = pipe.get(key)
-                if count is not None and int(count) > 0:
-                    pipe.multi()
-                    pipe.set(key, int(count) - 1, xx=True, keepttl=True)
-                    pipe.execute()
-            except WatchError:   # another try meanwhile: keep its count (errs towards fewer tries)
-                pass
+        self.store.succeeded(address, user)

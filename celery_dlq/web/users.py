@@ -10,8 +10,8 @@ uses it without the web extra. A user is a line (of ``--users-file``, of
   (:func:`hash_password`; ``celery dlq web-passwd`` prints one).
 
 A viewer reads; an operator may also replay (or edit and replay) dead letters, pause,
-resume or cancel jobs, and redeliver parked retries; an admin may also purge dead letters,
-delete parked retries and revoke sessions (:data:`ACTIONS`).
+resume or cancel jobs (a purge's job: an admin only), and redeliver parked retries; an
+admin may also purge dead letters, delete parked retries and revoke sessions (:data:`ACTIONS`).
 """
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ def _is_hash(secret: str) -> bool:
     parts = secret.split("$")
     return (len(parts) == 4 and parts[0] == HASH_SCHEME and parts[1].isdigit() and int(parts[1]) > 0
             and all(parts[2:]))
+
+
+def hash_iterations(stored: str) -> int | None:
+    """The iteration count of a stored hash; None for a plain password."""
+    return int(stored.split("$")[1]) if _is_hash(stored) else None
 
 
 def check(stored: str, given: str) -> bool:

@@ -127,7 +127,7 @@ class Config:
         levels = [s.default_policy, *(fields for _, fields in s.task_policies.items),
                   *(fields for _, fields in s.queue_policies.items)]
         levels += [fields for task in self.app.tasks.values() for _, fields in task_levels(task)]
-        return any(isinstance(fields, Mapping) and fields.get("breaker") for fields in levels)
+        return any(isinstance(fields, Mapping) and fields.get("breaker", {}).get("enabled") for fields in levels)
 
     @cached_property
     def lists(self) -> QueueLists:

@@ -1,6 +1,10 @@
-"""One process's Redis half of the runtime: clients, the store over its shards, counters, dead-letterer, chords.
+"""One process's Redis half of the runtime: the app's Redis side, and what only a worker builds on it.
 
-Building :class:`Connections` makes clients but sends no command (redis-py
+The Redis side (the store's client, the store over its shards, the broker
+link, the chord ledger) comes from :func:`~celery_dlq.storage.factory.redis_side`,
+the operator's builder too; a worker adds its delivery counters, its
+dead-letterer and its chord members. Building :class:`Connections` makes
+clients but sends no command (redis-py
 connects on first use). A prefork child must never share a socket with
 its parent, so :class:`PerProcess` builds one :class:`Connections` per
 process, on first use in it.
@@ -15,15 +19,14 @@ from typing import Any, Generic, TypeVar
 from celery_dlq.message import Envelope
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.archive import EventLog
-from celery_dlq.storage.client import BrokerLink, worker_client
 from celery_dlq.storage.counters import DeliveryCounters
-from celery_dlq.storage.replication import Replication
+from celery_dlq.storage.factory import redis_side
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.storage.shards import Shard, ShardedStore, shards_of
+from celery_dlq.storage.shards import Shard
 from celery_dlq.storage.store import ParkedStore
-from celery_dlq.worker.chords import ChordMembers
-from celery_dlq.worker.deadletter import DeadLetterer
-from celery_dlq.worker.task_events import TaskEvents
+from celery_dlq.worker.deadletter.dead_letterer import DeadLetterer
+from celery_dlq.worker.features.chords import ChordMembers
+from celery_dlq.worker.run.events import TaskEvents
 
 T = TypeVar("T")
 
@@ -33,19 +36,18 @@ class Connections:
 
     def __init__(self, app: Any, settings: DLQSettings, events: TaskEvents) -> None:
         self.app, self.settings = app, settings
-        self.client = worker_client(settings.redis_url, settings.redis_cluster)
-        self.shards = shards_of(settings)
+        #: The store's client, the store, the broker link, the chord ledger: built as the operator's are
+        #: (``storage/factory.py``), with a worker's client that registers the store's shard layout.
+        self.side = redis_side(app, settings, worker=True)
+        self.client = self.side.client
+        self.shards = self.side.sharded.shards
         #: The home key set (the only one unless ``dlq_store_shards`` > 1): fetch sets, quarantines.
         self.keys = self.shards.home
-        replication = (Replication(self.client, settings.store_min_replicas, settings.store_replica_timeout)
-                       if settings.store_min_replicas else None)
         #: Every shard of the store (one unless ``dlq_store_shards`` > 1): the mover serves them all.
-        self.sharded = ShardedStore(self.client, self.shards, events_max_length=settings.events_max_length,
-                                    replication=replication, register=True)
+        self.sharded = self.side.sharded
         self.counters = DeliveryCounters(self.client, self.shards, Scripts(self.client), settings.delivery_count_ttl)
-        self._broker = BrokerLink(app.conf, self.client, settings.redis_url)
         self.deadletterer = DeadLetterer(app, self.client, self.sharded, audit_ttl=settings.audit_ttl,
-                                         redis_url=settings.redis_url, events=events, link=self._broker)
+                                         redis_url=settings.redis_url, events=events, link=self.side.link)
         #: Dead-lettered chord members: their rule, their replay (docs/workflows.md).
         self.chords = ChordMembers(app, self.client, self.keys)
 
@@ -61,12 +63,12 @@ class Connections:
     @property
     def archive(self) -> EventLog:
         """The home shard's archive stream: the whole archive unless ``dlq_store_shards`` > 1."""
-        return self.sharded.home.archive
+        return self.side.archive
 
     @property
     def broker(self) -> Any:
         """The broker's Redis (the store's client when they are one server); only on a Redis broker."""
-        return self._broker.client
+        return self.side.broker
 
     def dead_letter(self, envelope: Envelope, **kwargs: Any) -> str | None:
         """Dead-letter ``envelope`` (:meth:`DeadLetterer.dead_letter`); returns its DLQ, None when dropped."""

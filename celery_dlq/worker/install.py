@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlq.policy import RedeliveryPolicy
-from celery_dlq.worker.chords import ChordMembers, wrap_chord_unlock
 from celery_dlq.worker.runtime import Runtime, runtime_of
 from celery_dlq.worker.steps import bound_steps
 
@@ -23,14 +22,11 @@ def install(app: Any, validate: bool = True) -> Runtime:
         runtime.installed = True
         for step in bound_steps(runtime):
             app.steps["consumer"].add(step)
-        # chord_unlock parks while a chord waits for a dead-lettered member (worker/chords.py)
-        def chords() -> ChordMembers:   # this process's
-            return runtime.redis().chords
-
+        # the hook chain's features hear of the finalized app (chord rules wrap chord_unlock: worker/features/chords.py)
         if app.finalized:
-            wrap_chord_unlock(app, chords)
+            runtime.chain.finalized(app)
         else:
-            app.on_after_finalize.connect(lambda sender, **_: wrap_chord_unlock(sender, chords), weak=False)
+            app.on_after_finalize.connect(lambda sender, **_: runtime.chain.finalized(sender), weak=False)
     if validate:
         runtime.config.validate()
     return runtime

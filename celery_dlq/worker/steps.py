@@ -6,7 +6,7 @@ so a bad setting stops the worker before anything else is done. A step that
 rests on another library's internals is included only when they hold
 (:mod:`celery_dlq.internals`): otherwise the worker logs one WARNING naming
 the internal and runs without the step, on the fallback. The mover is
-:class:`celery_dlq.worker.mover.Mover`. Like Celery's ``Heart``, which
+:class:`celery_dlq.worker.park.mover.Mover`. Like Celery's ``Heart``, which
 takes ``c.timer``, each step hands its component only the parts of the
 runtime it uses.
 """
@@ -28,13 +28,13 @@ from celery_dlq.internals.celery_worker import DISCARDS, POOL_IO, UNCOUNT
 from celery_dlq.internals.features import FEATURES
 from celery_dlq.internals.kombu_redis import FETCH
 from celery_dlq.worker.connections import Connections
-from celery_dlq.worker.discards import dead_letter_first, uncount_first
-from celery_dlq.worker.fetch_moves import MoveTally
-from celery_dlq.worker.jobs import RedriveJobs
-from celery_dlq.worker.mover import Mover
-from celery_dlq.worker.poolfix import keep_half_done_io
+from celery_dlq.worker.fetch.moves import MoveTally
+from celery_dlq.worker.fetch.setup import FetchContext, use_in_worker
+from celery_dlq.worker.leader.jobs import RedriveJobs
+from celery_dlq.worker.park.mover import Mover
+from celery_dlq.worker.run.discards import dead_letter_first, uncount_first
+from celery_dlq.worker.run.poolfix import keep_half_done_io
 from celery_dlq.worker.runtime import Runtime
-from celery_dlq.worker.transport_setup import FetchContext, use_in_worker
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class FetchTransport(FeatureStep):
 
 
 class KeepPoolIO(FeatureStep):
-    """Half-done prefork pipe reads and writes carry on across a broker reconnect (worker/poolfix.py)."""
+    """Half-done prefork pipe reads and writes carry on across a broker reconnect (worker/run/poolfix.py)."""
 
     feature = POOL_IO
 

@@ -3,7 +3,7 @@ notifications on.
 
 An idle worker blocks on a wake marker per queue, which the lease holder's
 listener writes when client tracking tells it a queue's list was written to
-(worker/fetch_listener.py). This module checks, on the session's Celery,
+(worker/fetch/listener.py). This module checks, on the session's Celery,
 kombu and redis-py, that the listener hears the worker's queues (the
 listening SET, the worker's log line, the worker blocked in ``BZPOPMIN``) and
 that a message on a list other than the first, on a priority sub-list and a

@@ -21,8 +21,8 @@ from kombu import Connection, Consumer, Producer, Queue
 from kombu.transport import redis as kombu_redis
 
 from celery_dlq.storage.keys import PRIORITY_STEPS, SEP, QueueLists
-from celery_dlq.worker.transport import Transport
-from celery_dlq.worker.transport_setup import OPTION_FETCH, FetchContext
+from celery_dlq.worker.fetch.transport import Transport
+from celery_dlq.worker.fetch.setup import OPTION_FETCH, FetchContext, hand_over
 
 pytestmark = pytest.mark.contract
 
@@ -80,7 +80,7 @@ def consume_twice(url: str, first: Any, second: Any, queue: str) -> tuple[list[d
     the raw elements delivered, the lists holding the message after the requeue, and how many records
     kombu's ``unacked`` hash held while ``first`` held the message."""
     options = {"priority_steps": [0, 5], "sep": ":p:", "global_keyprefix": "gk:",
-               OPTION_FETCH: FetchContext(key_prefix=f"fmt{queue}", listener=False)}
+               OPTION_FETCH: hand_over(FetchContext(key_prefix=f"fmt{queue}", listener=False), queue)}
     raw: list[dict] = []
     client = redis.Redis.from_url(url)
     with Connection(url, transport="redis", transport_options=options) as conn:

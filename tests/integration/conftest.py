@@ -211,9 +211,17 @@ class Harness:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
-                logs = "\n".join(w.log()[-3000:] for w in self.workers)
-                raise AssertionError(f"timed out waiting for {message}\n{logs}")
+                raise AssertionError(f"timed out waiting for {message}\n{self.log_excerpt()}")
             time.sleep(0.05)
+
+    def log_excerpt(self) -> str:
+        """What a timed-out wait shows: each worker's celery-dlq lines (the last 40), then its log's tail."""
+        parts = []
+        for worker in self.workers:
+            text = worker.log()
+            ours = [line for line in text.splitlines() if "celery-dlq" in line][-40:]
+            parts.append("--- celery-dlq lines ---\n" + "\n".join(ours) + "\n--- tail ---\n" + text[-3000:])
+        return "\n".join(parts)
 
     def close(self) -> None:
         for worker in self.workers:

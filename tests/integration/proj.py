@@ -41,7 +41,7 @@ if os.environ.get("DLQ_TEST_HIDE_INTERNAL"):   # tests/integration/test_internal
     from tests.internals_hiding import hide
     hide(os.environ["DLQ_TEST_HIDE_INTERNAL"])
 if os.environ.get("DLQ_TEST_STRATEGY_BUG"):   # tests/integration/test_fetch_errors.py: a bug in our strategy
-    import celery_dlq.worker.strategy as _strategy
+    import celery_dlq.worker.run.strategy as _strategy
 
     _real_strategy = _strategy.strategy
 
@@ -356,27 +356,27 @@ def _call_gateway(task, n):
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway",
-          redelivery_policy={"redelivery_delay": 0.2, "max_delivery_attempts": 10, "breaker": True,
-                             "breaker_min_failures": 3, "breaker_cooldown": 4.0, "breaker_max_cooldown": 8.0,
-                             "breaker_release_rate": 2.0, "breaker_max_release_rate": 20.0})
+          redelivery_policy={"redelivery_delay": 0.2, "max_delivery_attempts": 10,
+                             "breaker": {"enabled": True, "min_failures": 3, "cooldown": 4.0, "max_cooldown": 8.0,
+                                         "release_rate": 2.0, "max_release_rate": 20.0}})
 def gateway(self, n=0):
     """Fails while the Redis key ``<prefix>:gateway_down`` exists (the outage); each run logged."""
     return _call_gateway(self, n)
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway_redrive",
-          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2, "breaker": True,
-                             "breaker_min_failures": 40, "breaker_cooldown": 1.0, "breaker_max_cooldown": 2.0,
-                             "auto_redrive": True, "breaker_release_rate": 2.0, "breaker_max_release_rate": 20.0})
+          redelivery_policy={"redelivery_delay": 0.1, "max_delivery_attempts": 2,
+                             "breaker": {"enabled": True, "min_failures": 40, "cooldown": 1.0, "max_cooldown": 2.0,
+                                         "auto_redrive": True, "release_rate": 2.0, "max_release_rate": 20.0}})
 def gateway_redrive(self, n=0):
     """:func:`gateway` whose dead letters are redriven when its breaker closes; each run logged."""
     return _call_gateway(self, n)
 
 
 @app.task(bind=True, base=RedeliveryTask, name="proj.gateway_flaps",
-          redelivery_policy={"max_delivery_attempts": 1, "breaker": True, "breaker_min_failures": 6,
-                             "breaker_cooldown": 1.0, "breaker_max_cooldown": 2.0, "auto_redrive": True,
-                             "breaker_release_rate": 1.0, "breaker_max_release_rate": 2.0})
+          redelivery_policy={"max_delivery_attempts": 1,
+                             "breaker": {"enabled": True, "min_failures": 6, "cooldown": 1.0, "max_cooldown": 2.0,
+                                         "auto_redrive": True, "release_rate": 1.0, "max_release_rate": 2.0}})
 def gateway_flaps(self, n=0):
     """:func:`gateway` dead-lettered at its first failure, redriven at 1/s when its breaker closes."""
     return _call_gateway(self, n)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 
+from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.breakers import Breakers
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.totals import Metric, field
-from celery_dlq.worker.task_events import BREAKER_CHANGED
+from celery_dlq.worker.run.events import BREAKER_CHANGED
 
 
 def breakers(h) -> list[dict]:
@@ -216,3 +217,41 @@ def test_an_automatic_redrive_stops_when_the_failures_return(harness):
         assert len(h.deliveries(t)) <= 2, h.deliveries(t)
     left = {letter["headers"]["id"] for letter in h.dead_letters()}
     assert set(first) - set(replayed) <= left   # the rest wait in the DLQ for the next close
+
+
+
+def test_held_deliveries_are_released_at_a_rising_pace_after_the_breaker_closes(harness):
+    """The pace a recovered service sees, with a real worker: a trickle first, then faster each second.
+
+    ``proj.gateway`` releases 2 a second after its breaker closes, doubling each second up to 20. Of the
+    40 deliveries held while it was open, those the fetch kept in Redis are pushed back at that pace by the
+    worker that closed it: the k-th to run (from 0) cannot start before the pace had released k + 1
+    (:func:`~celery_dlq.storage.breaker_state.release_offsets`), and each of the first three seconds runs
+    more than the one before. All at once (no pace) or at a flat 2 a second (no rise) both fail."""
+    h = harness
+    h.redis.set(f"{h.prefix}:gateway_down", 1)
+    h.worker(concurrency=4)
+    for i in range(3):
+        h.send("proj.gateway", args=(i,))
+    h.wait_until(lambda: [b["state"] for b in breakers(h)] == ["open"], message="the breaker opens")
+    (summary,) = breakers(h)
+    held = [h.send("proj.gateway", args=(10 + i,)).id for i in range(40)]
+    h.wait_until(lambda: set(held) <= {e.split(":")[0] for e in held_entries(h, h.queue, summary["group"])}
+                 | kept_by_fetch(h), timeout=60, message="the 40 deliveries held")
+    kept = kept_by_fetch(h) & set(held)
+    assert len(kept) >= 30, len(kept)            # all but the few the worker parked before the fetch held them
+    h.redis.delete(f"{h.prefix}:gateway_down")  # the outage ends: the next probe succeeds and closes the breaker
+    h.wait_until(lambda: all(ran_ok(h, t) for t in held), timeout=90, message="every held delivery succeeds")
+    assert [b["state"] for b in breakers(h)] == ["closed"]
+
+    starts = sorted(next(r["at"] for r in h.deliveries(t) if r["ok"]) for t in kept)
+    offsets = [at - starts[0] for at in starts]
+    pace = (2.0, 20.0)   # proj.gateway's breaker.release_rate, breaker.max_release_rate
+    # The first started after its release; the rest no sooner than the pace released them, less what the
+    # first waited between its release and its start (well under a second, even on a loaded machine).
+    first_wait = 0.5
+    for k, offset in enumerate(offsets):
+        earliest = B.release_offsets(k + 1, *pace)[-1]
+        assert offset >= earliest - first_wait, f"delivery {k} ran {offset:.2f} s in, released at {earliest:.2f} s"
+    per_second = [sum(1 for o in offsets if s <= o < s + 1) for s in range(3)]
+    assert per_second[0] < per_second[1] < per_second[2], (per_second, [round(o, 2) for o in offsets])

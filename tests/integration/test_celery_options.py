@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from celery_dlq import headers as H
-from celery_dlq.policy import FIELD_NAMES
+from celery_dlq.policy import FIELD_PATHS
 
 CONF = {"dlq_default_policy": {"max_delivery_attempts": 3, "max_redelivery_delay": 5}}
 
@@ -45,7 +45,8 @@ def test_celery_dlq_policy_shows_every_fields_value_and_origin(harness):
     assert rows["retry_on"] == (["ValueError"], "task Celery option autoretry_for=(ValueError,)")
     assert rows["max_redelivery_delay"] == (5.0, "dlq_default_policy")
     assert rows["redelivery_delay"] == (0.0, "built-in default")
-    assert set(rows) == FIELD_NAMES
+    assert set(rows) == set(FIELD_PATHS)
+    assert rows["breaker.enabled"] == (False, "built-in default") and rows["breaker.window"] == (60.0, "built-in default")
     text = _policy(harness, "proj.waits_an_hour", "-Q", harness.queue)
     assert text.returncode == 0, text.stderr
     assert "task redelivery_policy" in text.stdout and "dlq_default_policy" in text.stdout

@@ -19,6 +19,8 @@ import pytest
 from celery import chain, chord, group
 from celery.exceptions import ChordError
 
+from celery_dlq.errors import ChordMemberPurged
+from celery_dlq.storage.chords import ChordLedger
 from celery_dlq.storage.keys import Keys
 from celery_dlq.workflow import chord_rule, is_placeholder
 
@@ -198,6 +200,29 @@ def test_purging_a_waiting_member_fails_its_chord_once(any_backend):
     assert member_state(h, member) == "failed"
     h.wait_until(lambda: result.state == "FAILURE", message="the body failed")
     assert "purged" in str(result.result) and f"DLQ.{h.queue}" in str(result.result)
+    h.after_a_mover_pass()
+    assert body_runs(h) == [] and len(errbacks(h)) == 1
+
+
+def test_a_poll_between_a_purges_settle_and_its_part_return_joins_the_purged_slot(harness):
+    """On a polling backend the purge settles the ledger, then stores the member's FAILURE: a chord_unlock
+    running in between (a slow operator, a second copy of the poll) must join what the ledger decided, not
+    the member's own error. The purge here stalls for good after its settle; the poll comes anyway."""
+    h = _chords(harness, "sqlite")
+    h.worker()
+    result, member = apply_chord(h, "wait")
+    dead_lettered(h, member, "waiting")
+    ledger = ChordLedger(h.redis, Keys(h.prefix))
+    group = ledger.entry(member)["group"]
+    h.wait_until(lambda: ledger.parked_unlock(group) is not None, message="the chord_unlock parked")
+    settled = ledger.settle(member, "failed", only_in=f"DLQ.{h.queue}",
+                            failure=lambda fields: ChordMemberPurged(f"{fields['id']} purged by a stalled purge"))
+    assert settled is not None and settled[1], "the settle took the parked chord_unlock"
+    h.app.send_task("celery.chord_unlock", args=json.loads(settled[1])["args"],
+                    kwargs=json.loads(settled[1])["kwargs"], queue=h.queue)   # no part return was made
+    h.wait_until(lambda: result.state == "FAILURE", message="the body failed")
+    assert "purged by a stalled purge" in str(result.result), result.result
+    h.wait_until(lambda: len(errbacks(h)) == 1, message="the body's errback")
     h.after_a_mover_pass()
     assert body_runs(h) == [] and len(errbacks(h)) == 1
 

@@ -14,7 +14,7 @@ from celery_dlq.message import Envelope
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
-from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.worker.deadletter.dead_letterer import DeadLetterer
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_pending_audit_is_published_again_never_lost(setup):
 
 def test_dead_letter_false_drops_logs_and_counts(setup, caplog):
     app, client, keys, envelope = setup
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.deadletter"):
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.deadletter.dead_letterer"):
         assert dead_letter(letterer_for(app, client, keys), envelope, RedeliveryPolicy(dead_letter=False)) is None
     assert client.llen(f"DLQ.{envelope.queue}") == 0
     assert client.hget(keys.stats, "dropped") == b"1"

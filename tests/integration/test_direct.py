@@ -15,11 +15,12 @@ from celery_dlq.message import Envelope
 from celery_dlq.ops.parked import ParkedRetry
 from celery_dlq.storage import totals
 from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.fetch import FetchLayout, run_fetch
 from celery_dlq.storage.keys import Keys, QueueLists, Stat
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.store import DirectPayload, ParkedStore, add_moves, to_ms
 from celery_dlq.storage.totals import Metric
-from celery_dlq.worker.fetch_moves import LIMIT, FetchMoves, MoveTally
+from celery_dlq.worker.fetch.moves import LIMIT, FetchMoves, MoveTally
 from tests.unit.test_fetch import FakeChannel, celery_message
 
 T0 = 1_700_000_000.0
@@ -138,7 +139,7 @@ def test_a_failure_on_a_redis_broker_parks_the_element_kombu_will_pop(consumed, 
 
 def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(consumed, unique):
     """What a lease-protocol mover does with a direct entry (an old worker's claim, a list not known yet)."""
-    from celery_dlq.worker.mover import MoverThread
+    from celery_dlq.worker.park.mover import MoverThread
 
     app, message = consumed
     runtime = celery_dlq.install(app)
@@ -155,11 +156,12 @@ def test_a_direct_entry_claimed_by_the_publish_path_goes_onto_its_list_as_it_is(
 
 
 def fetch_moving(store, lists: list[str], now: float = T0, events_max_length: int = 100):
-    """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch_moves.py``)."""
-    keys = [*lists, *(store.keys.quarantine(name) for name in lists), store.keys.inflight("c1"),
-            store.keys.consumers, store.keys.fetch_queues, store.keys.fetch_listening, *store.keys.move_keys()]
+    """fetch.lua as the worker's transport runs it where the broker is the store (``worker/fetch/moves.py``)."""
     moves = FetchMoves(tuple(store.keys.move_keys()), events_max_length)
-    return Scripts(store.client).run("fetch", keys, [len(lists), "", 0, to_ms(now), "", "0", *moves.args(now)])
+    layout = FetchLayout(store.keys, "c1", tuple(lists), tuple(name.split("\x06\x16")[0] for name in lists),
+                         moves=moves.keys)
+    return run_fetch(Scripts(store.client), layout, now_ms=to_ms(now), beat=False, register=False,
+                     moves=moves.args(now))
 
 
 def test_a_fetch_first_moves_the_due_entries_of_its_own_lists_with_the_movers_bookkeeping(store, unique):

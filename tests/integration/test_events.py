@@ -22,7 +22,7 @@ from celery_dlq.storage import archive, events
 from celery_dlq.storage.archive import Event, EventLog, EventType
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import PRELUDE, SCRIPT_NAMES, script_body
-from celery_dlq.worker.mover import MoverThread
+from celery_dlq.worker.park.mover import MoverThread
 
 UNPICKLED: list[str] = []
 

@@ -101,7 +101,7 @@ def run_the_mix(harness) -> dict[str, list]:
             "not_retryable": [harness.send("proj.not_retryable")],
             "park_long": [harness.send("proj.park_long", args=(i,)) for i in range(3)]}
     keys = Keys(harness.prefix)
-    harness.wait_until(lambda: len(harness.dead_letters()) == 3 and harness.redis.zcard(keys.schedule) == 3,
+    harness.wait_until(lambda: len(harness.dead_letters()) == 3 and harness.redis.zcard(keys.delayed) == 3,
                        timeout=60, message="3 dead letters and 3 parked retries")
     return sent
 
@@ -116,7 +116,7 @@ def test_metrics_over_http_equal_what_redis_holds(harness, exporters):
     oldest = min(letter["headers"][H.DEAD_LETTERED_AT] for letter in harness.dead_letters())
     assert got[("celery_dlq_dead_letters", (("dlq", dlq), ("queue", queue)))] == 3 == \
         sum(r.llen(key) for key in QueueLists().keys(dlq))
-    assert got[("celery_dlq_parked", (("queue", queue),))] == 3 == r.zcard(Keys(harness.prefix).schedule)
+    assert got[("celery_dlq_parked", (("queue", queue),))] == 3 == r.zcard(Keys(harness.prefix).delayed)
     assert abs(got[("celery_dlq_oldest_dead_letter_age_seconds", (("dlq", dlq),))] - (time.time() - oldest)) < 5
     assert got[("celery_dlq_overdue_parked", (("queue", queue),))] == 0
     assert got[("celery_dlq_redis_up", ())] == 1

@@ -166,7 +166,7 @@ def test_the_listener_tracks_once_marks_pushes_and_keeps_its_set(tmp_path, uniqu
     """The listener alone, its checks every 0.2 s: it tracks the registered queue once (not at every check),
     marks a push to any of its lists, and writes its set again when it is gone."""
     from celery_dlq.storage.keys import Keys, QueueLists
-    from celery_dlq.worker import fetch_listener
+    from celery_dlq.worker.fetch import listener as fetch_listener
     monkeypatch.setattr(fetch_listener, "CHECK", 0.2)
     server = RedisServer().start()
     client = redis.Redis.from_url(server.url)

@@ -56,7 +56,7 @@ def test_a_fetching_worker_moves_its_due_retry_without_the_mover(harness, moves)
                                message="redelivered_total, written by the heartbeat thread (it flushes at every beat)")
         else:
             # Positive signal: once the retry is due, the worker took five more messages, each fetch after
-            # one that took a message (when a fetch moves due retries, docs of worker/fetch_moves.py).
+            # one that took a message (when a fetch moves due retries, docs of worker/fetch/moves.py).
             store = ParkedStore(harness.redis, keys)
             due = store.next_due()
             assert due is not None

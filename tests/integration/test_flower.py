@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import sys
 import threading
@@ -17,7 +18,7 @@ import pytest
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_dlq.worker.task_events import DEAD_LETTERED, REDELIVERY_SCHEDULED
+from celery_dlq.worker.run.events import DEAD_LETTERED, REDELIVERY_SCHEDULED
 from tests.integration.conftest import Worker
 from tests.processes import ServerProcess, wait_for
 
@@ -186,3 +187,23 @@ def test_without_task_events_nothing_is_sent(harness, tap):
                       and e["timestamp"] > dead_lettered_at], 30, "a heartbeat after the dead letter")
     assert [e for e in tap.events if e["type"].startswith("task-")] == []
     assert harness.deliveries(result.id)
+
+
+def test_flower_shows_the_worker_page_with_its_stats(harness, flower):
+    """Flower's worker page reads ``inspect stats`` (issue 45: a celery-dlq worker sent no reply, its broker
+    transport options held an object JSON cannot encode, and the page answered 404)."""
+    worker = events_worker(harness)
+    name = f"w1@{socket.gethostname()}"
+    wait_for(lambda: flower.worker_online(name), 60, "Flower to hear from the worker", flower.log_path)
+    workers = wait_for(lambda: (w := json.loads(flower.get(f"/api/workers?refresh=1&workername={name}")))
+                       .get(name, {}).get("stats") and w, 60, "Flower's stats of the worker", flower.log_path)
+    stats = workers[name]["stats"]
+    assert stats["pid"] == worker.proc.pid
+    assert stats["pool"]["max-concurrency"] == 2 and stats["prefetch_count"] == 2 * 4   # -c 2, DLQ_TEST_PREFETCH
+    assert stats["broker"]["transport"] == "celery_dlq.worker.fetch.transport:Transport"
+    assert stats["broker"]["hostname"] == "127.0.0.1"
+    assert f"{harness.queue}" in [q["name"] for q in workers[name]["active_queues"]]
+    page = flower.get(f"/worker/{name}")   # the page itself, as an operator opens it
+    shown = dict(re.findall(r"<td>([^<]+)</td>\s*<td>([^<]*)</td>", page))
+    assert (shown["Worker PID"], shown["Prefetch Count"]) == (str(worker.proc.pid), "8")
+    assert "celery_dlq.worker.fetch.transport:Transport" in page

@@ -13,7 +13,7 @@ from celery import Celery
 import celery_dlq
 from celery_dlq.message import Envelope
 from celery_dlq.storage.counters import DeliveryCounters
-from celery_dlq.worker.mover import MoverThread
+from celery_dlq.worker.park.mover import MoverThread
 from celery_dlq.worker.steps import FlushCounts, bound_steps
 from tests.unit.test_fetch import celery_message
 

@@ -22,8 +22,8 @@ from celery_dlq.ops import Filter, Operator
 from celery_dlq.storage.keys import QueueLists
 from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
-from celery_dlq.worker.deadletter import DeadLetterer
-from celery_dlq.worker.retention import Retention
+from celery_dlq.worker.deadletter.dead_letterer import DeadLetterer
+from celery_dlq.worker.deadletter.retention import Retention
 
 
 @pytest.mark.parametrize("message, normalised", [
@@ -191,7 +191,7 @@ def test_retention_trims_uncount_the_trimmed(world):
     for n in range(6):
         world.fail("shop.charge", "KeyError", f"'user_{n}'")
         world.fail("shop.ship", "ValueError", f"card {n} declined")
-    retention = Retention(world.app, world.broker, world.op.keys, archive=world.op.archive, broker=world.broker)
+    retention = Retention(world.op.side)
     assert retention.trim(world.dlq, max_length=5) == 7
     assert sum(world.counts().values()) == 5
     assert_exact(world)

@@ -55,7 +55,8 @@ def test_a_job_paused_resumed_and_cancelled_from_another_process_moves_each_lett
     h = harness
     ids = dead_letters_of_fixed_by_flag(h, 12)
     h.worker(DLQ_TEST_CONF=json.dumps({"dlq_jobs_poll": 0}))   # runs the replays; takes no job
-    runner = cli(h, "jobs", "start", h.queue, "--all", "--rate", "2", "--run", "--why", "gateway back")
+    # 1 a second: the cancel below must come before the last of the 12, even from a CLI slow to start
+    runner = cli(h, "jobs", "start", h.queue, "--all", "--rate", "1", "--run", "--why", "gateway back")
     try:
         job_id = runner.stdout.readline().split()[1]
         jobs = jobs_of(h)

@@ -12,7 +12,7 @@ from kombu import Producer
 
 import celery_dlq
 from celery_dlq.message import Envelope
-from celery_dlq.worker.mover import MoverThread
+from celery_dlq.worker.park.mover import MoverThread
 from tests.unit.test_fetch import celery_message
 
 

@@ -10,7 +10,7 @@ from celery import Celery
 
 import celery_dlq
 from celery_dlq.storage.store import DirectPayload
-from celery_dlq.worker.mover import MoverThread
+from celery_dlq.worker.park.mover import MoverThread
 from tests.unit.test_fetch import celery_message
 
 

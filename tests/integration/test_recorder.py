@@ -1,4 +1,4 @@
-"""Every path that ends a message is recorded by worker/recorder.py, and nothing else writes those records.
+"""Every path that ends a message is recorded by worker/deadletter/recorder.py, and nothing else writes those records.
 
 Each reason of ``Reason.ALL`` is produced by the real code that produces it
 (the Request, the strategy, Celery's discard callbacks, the mover, the
@@ -34,16 +34,18 @@ from celery_dlq.storage import totals, trends
 from celery_dlq.storage.archive import EventLog
 from celery_dlq.storage.events import EventType
 from celery_dlq.storage.keys import Keys, Stat
+from celery_dlq.storage.dlq import DeadLetterLists
 from celery_dlq.storage.scripts import Scripts
 from celery_dlq.storage.totals import Metric
-from celery_dlq.worker import strategy
-from celery_dlq.worker.discards import dead_letter_first
-from celery_dlq.worker.mover import MoverThread
-from celery_dlq.worker.recorder import Recorder
-from celery_dlq.worker.rejects import Rejects
-from celery_dlq.worker.request import RedeliveryRequest
+from celery_dlq.worker.run import strategy
+from celery_dlq.worker.features.delivery_counts import count_or_dead_letter
+from celery_dlq.worker.run.discards import dead_letter_first
+from celery_dlq.worker.park.mover import MoverThread
+from celery_dlq.worker.deadletter.recorder import Recorder
+from celery_dlq.worker.fetch.rejects import Rejects
+from celery_dlq.worker.run.request import RedeliveryRequest
 from celery_dlq.worker.runtime import Runtime
-from celery_dlq.worker.transport_setup import FetchContext
+from celery_dlq.worker.fetch.setup import FetchContext
 
 PACKAGE = Path(celery_dlq.__file__).parent
 #: The recorder's own method (the fixture puts a stub in its place).
@@ -157,13 +159,15 @@ def _discarded(world: World, reason: str) -> None:
 def _fetched_invalid(world: World) -> None:
     keys, consumer = world.keys, "c1"
     world.client.hset(keys.inflight(consumer), "t1", b"x")
-    rejects = Rejects(Scripts(world.client), keys, "", [keys.inflight(consumer)], "w@test", world.context)
+    rejects = Rejects(DeadLetterLists(world.client, Scripts(world.client)), keys, "", [keys.inflight(consumer)], "w@test",
+                      world.context)
     rejects.reject(world.queue, b"not json", "t1", "not JSON")
 
 
 def _quarantined(world: World) -> None:
     world.client.lpush(world.keys.quarantine(world.queue), b"\x00junk")
-    rejects = Rejects(Scripts(world.client), world.keys, "", [world.keys.inflight("c1")], "w@test", world.context)
+    rejects = Rejects(DeadLetterLists(world.client, Scripts(world.client)), world.keys, "", [world.keys.inflight("c1")],
+                      "w@test", world.context)
     rejects.release_quarantine(world.queue, b"\x00junk", "not a kombu message")
 
 
@@ -187,7 +191,7 @@ def _lost_before_reporting(world: World) -> None:
     message = world.message(delivery=3)
     message.delivery_info["redelivered"] = True   # restored after its worker died: counted past the limit
     ctx = world.runtime.config.context(world.task, message)
-    assert strategy._count_or_dead_letter(world.runtime.redis(), world.task, message, ctx, "w@test")
+    assert count_or_dead_letter(world.runtime.redis(), world.task, message, ctx, "w@test", world.runtime.chain)
 
 
 PATHS = {
@@ -258,7 +262,7 @@ def test_a_drop_is_recorded_there_too(world, monkeypatch):
 
 # -- no second writer -----------------------------------------------------------
 
-#: What writes the record of a dead letter or a drop; only worker/recorder.py may hold these.
+#: What writes the record of a dead letter or a drop; only worker/deadletter/recorder.py may hold these.
 WRITERS = {
     "the stats counter": r"Stat\.(DEAD_LETTERED|DROPPED)\b",
     "the metric": r"Metric\.(DEAD_LETTERED|DROPPED)\b",
@@ -268,7 +272,7 @@ WRITERS = {
     "the retention": r"\.after_dead_letter\(",
 }
 #: The recorder, and the package root that exports the signal.
-DEFINED = {"worker/recorder.py", "__init__.py"}
+DEFINED = {"worker/deadletter/recorder.py", "__init__.py"}
 
 
 def second_writers(files: dict[str, str]) -> dict[str, list[str]]:
@@ -289,7 +293,7 @@ def test_no_module_but_the_recorder_writes_a_dead_letters_records():
 
 
 def test_the_check_finds_a_second_writer():
-    recorder = (PACKAGE / "worker" / "recorder.py").read_text()
+    recorder = (PACKAGE / "worker" / "deadletter" / "recorder.py").read_text()
     assert set(second_writers({"worker/copy.py": recorder})) == set(WRITERS)
-    assert second_writers({"worker/rejects.py": "pipe.hincrby(keys.stats, Stat.DEAD_LETTERED, 1)"}) == \
-        {"the stats counter": ["worker/rejects.py"]}
+    assert second_writers({"worker/fetch/rejects.py": "pipe.hincrby(keys.stats, Stat.DEAD_LETTERED, 1)"}) == \
+        {"the stats counter": ["worker/fetch/rejects.py"]}

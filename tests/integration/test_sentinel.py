@@ -90,7 +90,7 @@ def test_the_master_killed_mid_run_every_task_ends_succeeded_or_dead_lettered(se
               f"the kill {((first_after or time.monotonic()) - killed):.2f} s, succeeded {len(succeeded)}, "
               f"dead-lettered {len(letters)}")
         assert worker.proc.poll() is None, "the worker carried on without a restart"
-        assert "fetches with celery_dlq.worker.sentinel:SentinelTransport" in worker.log()
+        assert "fetches with celery_dlq.worker.fetch.sentinel:SentinelTransport" in worker.log()
         assert lost == [], f"{len(lost)} lost:\n{worker.log()[-4000:]}"
         # At least once: only what the worker held when the master died can run twice, at most its prefetch
         # window (concurrency 2 x worker_prefetch_multiplier 4); measured: 0 in every run so far.

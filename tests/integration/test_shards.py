@@ -41,7 +41,7 @@ def test_three_workers_serve_four_shards_every_delivery_once(harness):
 
     assert parks[0] == 0 and all(parks[1:]) and sum(parks) == 2 * TASKS, parks   # home empty, every shard used
     assert sum(redelivered) == 2 * TASKS
-    assert all(harness.redis.zcard(keys.schedule) == 0 for keys in shards.all)
+    assert all(harness.redis.zcard(keys.delayed) == 0 for keys in shards.all)
     assert sorted(m.decode() for m in harness.redis.smembers(shards.home.layout)) == sorted(shards.tags)
     assert counters["parked"] == 2 * TASKS and counters["redelivered"] == 2 * TASKS
 
@@ -51,7 +51,7 @@ def test_a_new_shard_count_moves_what_the_old_one_parked(harness):
     harness.extra_env.update(DLQ_TEST_CONF=json.dumps({"dlq_store_shards": 4}))
     first = harness.worker(name="old")
     ids = [harness.send("proj.park_long", args=(i,)).id for i in range(16)]
-    harness.wait_until(lambda: sum(harness.redis.zcard(k.schedule) for k in old.shards) == 16, timeout=60,
+    harness.wait_until(lambda: sum(harness.redis.zcard(k.delayed) for k in old.shards) == 16, timeout=60,
                        message="16 parked in the 4-shard layout")
     first.stop()
 
@@ -66,4 +66,4 @@ def test_a_new_shard_count_moves_what_the_old_one_parked(harness):
     letters = harness.dead_letters()
     assert sorted(letter["headers"]["id"] for letter in letters) == sorted(ids)
     assert Counter(letter["headers"]["x-dlq-delivery-count"] for letter in letters) == {2: 16}
-    assert all(harness.redis.zcard(k.schedule) == 0 and harness.redis.zcard(k.leases) == 0 for k in old.shards)
+    assert all(harness.redis.zcard(k.delayed) == 0 and harness.redis.zcard(k.leases) == 0 for k in old.shards)

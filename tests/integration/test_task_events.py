@@ -14,7 +14,7 @@ from celery.events.state import State
 from celery_dlq import RedeliveryPolicy
 from celery_dlq.message import Envelope
 from celery_dlq.storage.keys import Keys
-from celery_dlq.worker.task_events import DEAD_LETTERED, TaskEvents, failed_exception
+from celery_dlq.worker.run.events import DEAD_LETTERED, TaskEvents, failed_exception
 from tests.integration.test_deadletter import dead_letter, letterer_for
 
 
@@ -76,7 +76,7 @@ def test_a_failing_dispatcher_loses_nothing(setup, caplog):
     app, client, keys, envelope = setup
     letterer = letterer_for(app, client, keys)
     letterer.recorder.events = events_for(app, Dispatcher(fails=True))
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.task_events"):
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.run.events"):
         assert dead_letter(letterer, envelope) == f"DLQ.{envelope.queue}"
     assert client.llen(f"DLQ.{envelope.queue}") == 1
     assert "could not send the task-dead-lettered event of t.x" in caplog.text

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 import uuid
 
 import psutil
 import pytest
+import redis
 
 from celery_dlq import headers as H
 from celery_dlq.storage.keys import Keys
@@ -54,6 +56,43 @@ def started(harness, task_id: str, n: int, timeout: float = 30) -> list[dict]:
     harness.wait_until(lambda: len(harness.deliveries(task_id)) >= n, timeout=timeout,
                        message=f"delivery {n} of {task_id}")
     return harness.deliveries(task_id)
+
+
+class CommandWatch:
+    """Redis ``MONITOR`` in a thread, until a command naming both ``words`` runs (the first one seen)."""
+
+    def __init__(self, client: redis.Redis, *words: str) -> None:
+        self.client = redis.Redis(connection_pool=redis.ConnectionPool(
+            **{**client.connection_pool.connection_kwargs, "socket_timeout": 1.0}))
+        self.words, self.command = words, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._ready = threading.Event()
+
+    def start(self) -> CommandWatch:
+        self._thread.start()
+        assert self._ready.wait(10), "MONITOR never started"
+        return self
+
+    def _watch(self) -> None:
+        with self.client.monitor() as monitor:
+            self._ready.set()
+            while not self._stop.is_set():
+                try:
+                    command = monitor.next_command()["command"]
+                except redis.TimeoutError:
+                    continue
+                if all(word in command for word in self.words):
+                    self.command = command
+                    return
+
+    def seen(self, timeout: float) -> str | None:
+        """The command, once Redis ran it (``None`` after ``timeout``)."""
+        self._thread.join(timeout)
+        self._stop.set()
+        self._thread.join(5)
+        self.client.close()
+        return self.command
 
 
 def stop_all(harness) -> None:
@@ -99,16 +138,20 @@ def test_a_stopped_workers_task_runs_elsewhere_and_its_late_ack_settles_nothing_
     frozen = workers.pop(main_pid(first))
     [other] = workers.values()
     [(_, tag)] = in_flight(harness)
+    frozen_consumer = harness.holder_of(tag)
     frozen.proc.send_signal(signal.SIGSTOP)      # its heartbeat stops with it; its pool child sleeps on
     try:
         second = started(harness, task.id, 2, timeout=20)[1]
         assert (second["delivery"], main_pid(second)) == (2, other.proc.pid)
         assert in_flight(harness) == [(other.proc.pid, tag)]
+        late_ack = CommandWatch(harness.redis, frozen_consumer, tag).start()
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
     frozen.wait_for_log(f"Task proj.long_on_redelivery[{task.id}] succeeded", timeout=20)
-    time.sleep(0.5)   # the acknowledgement follows the log line
-    assert in_flight(harness) == [(other.proc.pid, tag)], "the late ack must not settle the other delivery"
+    # The positive signal: Redis ran the frozen worker's acknowledgement (a command naming its own in-flight
+    # record and the tag), and it settled nothing of the other worker's delivery.
+    assert late_ack.seen(timeout=20), "the frozen worker never sent its late acknowledgement"
+    assert in_flight(harness) == [(other.proc.pid, tag)], f"{late_ack.command!r} settled the other delivery"
     assert harness.redis.llen(harness.queue) == 0
     assert len(harness.deliveries(task.id)) == 2   # the documented duplicate: the frozen run finished too
     stop_all(harness)

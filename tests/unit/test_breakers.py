@@ -131,12 +131,16 @@ def test_the_state_survives_its_hash():
 
 
 def test_policy_fields_validate():
-    p = RedeliveryPolicy(breaker=True, breaker_min_failures=5, breaker_failure_ratio=0.2)
-    assert Thresholds.of(p).min_failures == 5 and p.breaker_counts
-    assert not RedeliveryPolicy(breaker="manual").breaker_counts
-    for bad in ({"breaker": "yes"}, {"breaker_failure_ratio": 0.0}, {"breaker_min_failures": 0},
-                {"breaker_cooldown": 0}, {"max_snoozes": 0}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
+    p = RedeliveryPolicy(breaker={"enabled": True, "min_failures": 5, "failure_ratio": 0.2, "window": 30,
+                                  "cooldown": 3, "cooldown_multiplier": 1.5, "max_cooldown": 9})
+    assert Thresholds.of(p) == Thresholds(window=30.0, min_failures=5, ratio=0.2, cooldown=3.0, multiplier=1.5,
+                                          max_cooldown=9.0)
+    assert p.breaker.opens_on_failures
+    assert not RedeliveryPolicy(breaker="manual").breaker.opens_on_failures
+    for bad, name in (({"breaker": "yes"}, "breaker"), ({"breaker": {"failure_ratio": 0.0}}, "breaker.failure_ratio"),
+                      ({"breaker": {"min_failures": 0}}, "breaker.min_failures"),
+                      ({"breaker": {"cooldown": 0}}, "breaker.cooldown"), ({"max_snoozes": 0}, "max_snoozes")):
+        with pytest.raises(ValueError, match=name):
             RedeliveryPolicy(**bad)
 
 

@@ -68,9 +68,9 @@ def test_a_waiting_member_dead_lettered_again_still_waits(ledger):
 
 def test_chord_unlock_is_parked_while_a_member_waits_and_handed_back_by_the_last_settle(ledger):
     call = {"args": ["g1", {"task": "proj.tsum"}], "kwargs": {"interval": 1}, "queue": "q"}
-    assert not ledger.park_unlock("g1", call)                  # nobody waits: chord_unlock runs as usual
+    assert ledger.park_or_settled("g1", call) == {}           # nobody waits: chord_unlock runs as usual
     ledger.dying("t1", "g1")                                   # the child, raising the last failure
-    assert ledger.park_unlock("g1", call)
+    assert ledger.park_or_settled("g1", call) is None
     ledger.hold("t1", member("t1"), state="waiting", rule="wait", dlq="DLQ.q")
     ledger.hold("t2", member("t2"), state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.settle("t1", "released")[1] == ""            # t2 still waits: the call stays parked
@@ -82,8 +82,18 @@ def test_chord_unlock_is_parked_while_a_member_waits_and_handed_back_by_the_last
 def test_a_fail_or_continue_hold_hands_back_the_call_its_dying_member_parked(ledger):
     call = {"args": ["g1"], "kwargs": {}, "queue": "q"}
     ledger.dying("t1", "g1")
-    assert ledger.park_unlock("g1", call)
+    assert ledger.park_or_settled("g1", call) is None
     assert ledger.hold("t1", member("t1"), state="continued", rule="continue", dlq="DLQ.q") == ("", json.dumps(call))
+
+
+def test_a_settled_members_later_copy_failing_again_does_not_hold_its_chord_open(ledger):
+    """At least once: a duplicate copy of a member whose letter was purged fails after the purge settled its
+    chord. Counted waiting again, it would park every later chord_unlock with nothing left to settle it."""
+    assert ledger.dying("t1", "g1") is True
+    ledger.hold("t1", member("t1"), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.settle("t1", "failed")
+    assert ledger.dying("t1", "g1") is False and ledger.waiting("g1") == 0
+    assert ledger.park_or_settled("g1", {"args": ["g1"], "kwargs": {}, "queue": "q"}) == {}
 
 
 def test_a_body_and_errbacks_carrying_bytes_dates_and_uuids_round_trip(ledger):
@@ -95,10 +105,57 @@ def test_a_body_and_errbacks_carrying_bytes_dates_and_uuids_round_trip(ledger):
                "options": {"task_id": uuid.UUID(int=7)}, "immutable": True}
     fields = {**member(), "chord": {**member()["chord"], "options": {"link_error": [errback]}}}
     ledger.dying("t1", "g1")
-    assert ledger.park_unlock("g1", {"args": ["g1", fields["chord"]], "kwargs": {}, "queue": "q"})
+    assert ledger.park_or_settled("g1", {"args": ["g1", fields["chord"]], "kwargs": {}, "queue": "q"}) is None
     ledger.hold("t1", fields, state="waiting", rule="wait", dlq="DLQ.q")
     assert ledger.parked_unlock("g1")["args"][1] == fields["chord"]
     assert ledger.settle("t1", "failed")[0] == fields
+
+
+def test_a_settled_slot_is_read_with_the_waiting_set_that_no_longer_holds_it(ledger):
+    """What a fail or continue hold, or a purge's settle, decides for the slot is recorded in the same step:
+    a chord_unlock polling before the part return is made finds it (written to the backend first)."""
+    from celery import states
+
+    from celery_dlq.errors import ChordMemberDeadLettered, ChordMemberPurged
+    from celery_dlq.storage.chords import slot
+    call = {"args": ["g1"], "kwargs": {}, "queue": "q"}
+    ledger.hold("t1", member("t1"), state="failed", rule="fail", dlq="DLQ.q",
+                outcome=slot(states.FAILURE, ChordMemberDeadLettered("t1 dead-lettered")))
+    ledger.hold("t2", member("t2"), state="continued", rule="continue", dlq="DLQ.q",
+                outcome=slot(states.SUCCESS, {"celery_dlq_dead_lettered": True, "task_id": "t2"}))
+    ledger.hold("t3", member("t3"), state="waiting", rule="wait", dlq="DLQ.q")
+    ledger.hold("t4", member("t4"), state="waiting", rule="wait", dlq="DLQ.q")
+    assert ledger.park_or_settled("g1", call) is None                       # t3 and t4 wait
+    ledger.settle("t3", "released")                                          # Celery stored its success itself
+    ledger.settle("t4", "failed", failure=lambda fields: ChordMemberPurged(f"{fields['id']} purged"))
+    slots = ledger.park_or_settled("g1", call)
+    assert sorted(slots) == ["t1", "t2", "t4"]
+    assert slots["t2"] == (states.SUCCESS, {"celery_dlq_dead_lettered": True, "task_id": "t2"})
+    for task_id, kind, text in (("t1", ChordMemberDeadLettered, "t1 dead-lettered"),
+                                ("t4", ChordMemberPurged, "t4 purged")):
+        state, exc = slots[task_id]
+        assert state == states.FAILURE and type(exc) is kind and str(exc) == text
+
+
+def test_settled_slots_are_written_only_by_a_poll_that_joins(ledger):
+    """A poll whose header is not ready polls again: it writes nothing to the backend; one that joins does."""
+    from types import SimpleNamespace
+
+    from celery import states
+
+    from celery_dlq.errors import ChordMemberDeadLettered
+    from celery_dlq.storage.chords import slot
+    from celery_dlq.worker.features.chords import ChordMembers
+    stored: list = []
+    app = SimpleNamespace(backend=SimpleNamespace(store_result=lambda *a: stored.append(a)))
+    members = ChordMembers(app, ledger.client, ledger.keys)
+    ledger.hold("t1", member("t1"), state="failed", rule="fail", dlq="DLQ.q",
+                outcome=slot(states.FAILURE, ChordMemberDeadLettered("t1 dead-lettered")))
+    request = SimpleNamespace(delivery_info={"routing_key": "q"})
+    assert not members.park_unlock(request, ("g1",), {}, joining=False) and stored == []
+    assert not members.park_unlock(request, ("g1",), {})
+    assert [(task_id, state, str(exc)) for task_id, exc, state in stored] == \
+        [("t1", states.FAILURE, "t1 dead-lettered")]
 
 
 def test_a_dead_lettered_member_is_a_chord_error_as_celery_fails_group_bodies_with_it():
@@ -193,7 +250,7 @@ def test_redis_down_never_turns_a_members_outcome_into_another():
     from celery import Celery
     from celery.app.task import Context
 
-    from celery_dlq.worker.chords import ChordMembers
+    from celery_dlq.worker.features.chords import ChordMembers
 
     members = ChordMembers(Celery("t", set_as_current=False), _Down(), Keys("down"))
     failing = Context({"id": "t1", "group": "g1", "chord": {"task": "proj.tsum"}})

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import base64
 import json
+from types import SimpleNamespace
 
+from celery_dlq.cli import base as cli_base
 from celery_dlq.ops import Operator
 from celery_dlq.ops.audit import os_identity
 from tests.unit.test_manage import dead_letter, run, stored
@@ -90,3 +92,39 @@ def test_follow_prints_until_the_job_ends_and_takes_over_a_job_nobody_runs(app, 
     assert fake.llen("orders") == 1
     (row,) = json.loads(run(app, fake, "jobs", "follow", job_id, "--json", ops=ops).output)
     assert row["state"] == "done"
+
+
+def test_a_purge_job_asks_first_and_refuses_without_force_when_nobody_can_answer(app, fake, monkeypatch):
+    """Issue 45 M3: ``jobs start QUEUE --all --purge`` deleted without asking, where ``purge`` refuses."""
+    for i in range(2):
+        dead_letter(fake, args=(i,))
+    ops = Operator(app, broker=fake, client=fake)
+    refused = run(app, fake, "jobs", "start", "orders", "--all", "--purge", "--run", ops=ops)   # stdin: no tty
+    assert refused.exit_code != 0 and "without --force" in refused.output, refused.output
+    assert fake.llen("DLQ.orders") == 2 and json.loads(run(app, fake, "jobs", "--json", ops=ops).output) == []
+    monkeypatch.setattr(cli_base, "sys", SimpleNamespace(stdin=SimpleNamespace(isatty=lambda: True)))
+    monkeypatch.setattr("click.confirm", _answer(False))
+    declined = run(app, fake, "jobs", "start", "orders", "--all", "--purge", "--run", ops=ops)
+    assert declined.exit_code != 0 and fake.llen("DLQ.orders") == 2
+    asked: list[str] = []
+    monkeypatch.setattr("click.confirm", _answer(True, asked))
+    yes = run(app, fake, "jobs", "start", "orders", "--all", "--purge", "--run", ops=ops)
+    assert yes.exit_code == 0, yes.output
+    assert asked == ["This will delete 2 dead letters from DLQ.orders. There is no undo. Continue?"]
+    assert fake.llen("DLQ.orders") == 0
+    dead_letter(fake)
+    monkeypatch.setattr(cli_base, "sys", SimpleNamespace(stdin=SimpleNamespace(isatty=lambda: False)))
+    forced = run(app, fake, "jobs", "start", "orders", "--all", "--purge", "--force", "--run", ops=ops)
+    assert forced.exit_code == 0 and fake.llen("DLQ.orders") == 0, forced.output
+
+
+def _answer(yes: bool, asked: list | None = None):
+    import click
+
+    def confirm(text: str, abort: bool = False, **_: object) -> bool:
+        if asked is not None:
+            asked.append(text)
+        if not yes and abort:
+            raise click.Abort()
+        return yes
+    return confirm

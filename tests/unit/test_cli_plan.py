@@ -185,15 +185,21 @@ def test_each_planned_id_moves_once_the_oldest_and_one_that_cannot_go_home_is_a_
 
 
 def test_rate_paces_across_every_dlq_of_the_plan(run, fake, tmp_path, monkeypatch):
+    import threading
     import time
 
-    clock, slept = [0.0], []
+    # Only this test's thread sees the fake clock: a thread an earlier test left running in this process
+    # keeps the real one (its sleeps would otherwise land in ``slept``).
+    clock, slept, me = [0.0], [], threading.current_thread()
+    real_sleep, real_monotonic = time.sleep, time.monotonic
 
     def sleep(seconds):
+        if threading.current_thread() is not me:
+            return real_sleep(seconds)
         slept.append(round(seconds, 6))
         clock[0] += seconds
     monkeypatch.setattr(time, "sleep", sleep)
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0] if threading.current_thread() is me else real_monotonic())
     letters = [dead_letter(fake, args=(n,)) for n in range(2)] + [dead_letter(fake, queue="emails")]
     write_plan(tmp_path, letters)
 

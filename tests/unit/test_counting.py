@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 from celery_dlq import headers as H
-from celery_dlq.worker.strategy import _waits_for_eta
+from celery_dlq.worker.run.strategy import _waits_for_eta
 
 
 def test_a_message_waiting_for_its_eta_is_not_counted_yet():
@@ -45,13 +45,14 @@ class FakeMessage:
 def test_a_first_delivery_costs_no_redis_call_a_restored_one_is_counted():
     from celery_dlq import RedeliveryPolicy
     from celery_dlq import headers as H
-    from celery_dlq.worker.strategy import _count_or_dead_letter
+    from celery_dlq.worker.features.delivery_counts import count_or_dead_letter
+    from celery_dlq.worker.middleware import Chain
 
     policy = RedeliveryPolicy(max_delivery_attempts=3)
     dlq = FakeDLQ(policy)
     first = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2})
-    assert _count_or_dead_letter(dlq, None, first, dlq.context(first), "w") is False
+    assert count_or_dead_letter(dlq, None, first, dlq.context(first), "w", Chain(())) is False
     assert dlq.calls == [] and first.headers[H.DELIVERY_COUNT] == 2
     restored = FakeMessage({"id": "t1", "task": "x", H.DELIVERY_COUNT: 2}, redelivered=True)
-    assert _count_or_dead_letter(dlq, None, restored, dlq.context(restored), "w") is False
+    assert count_or_dead_letter(dlq, None, restored, dlq.context(restored), "w", Chain(())) is False
     assert dlq.calls == [("t1", "tag-1", 2)] and restored.headers[H.DELIVERY_COUNT] == 3

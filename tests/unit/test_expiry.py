@@ -18,7 +18,7 @@ from celery_dlq.message import Envelope, decode_raw, with_arguments, with_task_a
 from celery_dlq.settings import DLQSettings
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.store import DirectPayload, ParkedStore
-from celery_dlq.worker.task import Redeliver
+from celery_dlq.worker.run.task import Redeliver
 
 T0 = 1_700_000_000.0
 
@@ -250,7 +250,7 @@ def test_eager_calls_keep_celerys_path(retry_app):
 
 def test_a_retry_past_the_expiry_is_the_last_failure(retry_app):
     from celery_dlq.errors import MessageExpired
-    from celery_dlq.worker.task import EXPIRED_RETRY
+    from celery_dlq.worker.run.task import EXPIRED_RETRY
 
     task, _ = retry_app
     soon = (datetime.now(timezone.utc) + timedelta(seconds=2)).isoformat()
@@ -286,7 +286,7 @@ def test_with_arguments_compresses_again_a_compressed_message():
 
 
 def test_retry_with_only_args_or_only_kwargs_switches_the_calling_convention_as_celery_does():
-    from celery_dlq.worker.task import retry_arguments
+    from celery_dlq.worker.run.task import retry_arguments
 
     def run(foo, bar, label=None):
         pass

@@ -83,6 +83,19 @@ def test_small_reads_and_flushes_still_export_each_row_once(log, tmp_path):
     assert sorted(read(tmp_path).column("task_id").to_pylist()) == sorted(f"t{i}" for i in range(50))
 
 
+def test_no_python_callback_goes_to_arrow_and_each_flush_lists_only_its_own_files(log, tmp_path, monkeypatch):
+    """A file_visitor can be released on Arrow's I/O thread at interpreter exit: SIGABRT (apache/arrow#34314)."""
+    calls, real = [], ds.write_dataset
+    monkeypatch.setattr(ds, "write_dataset", lambda *args, **kwargs: calls.append(kwargs) or real(*args, **kwargs))
+    log.append([ev(1, MIDNIGHT), ev(2, MIDNIGHT + DAY_US, queue="q2")])
+    first = X.export_events(log.client, Keys("exp"), str(tmp_path))
+    log.append([ev(3, MIDNIGHT + 1)])
+    second = X.export_events(log.client, Keys("exp"), str(tmp_path))
+    assert len(calls) == 2 and not any(callable(value) for kwargs in calls for value in kwargs.values())
+    assert len(first.files) == 2 and len(second.files) == 1 and not set(first.files) & set(second.files)
+    assert sorted([*first.files, *second.files]) == sorted(str(p) for p in (tmp_path / "events").rglob("*.parquet"))
+
+
 def test_an_export_that_died_midway_is_redone_without_duplicates(log, tmp_path, monkeypatch):
     keys = Keys("exp")
     log.append([ev(i, MIDNIGHT + i) for i in range(10)])

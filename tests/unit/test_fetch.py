@@ -17,11 +17,12 @@ from kombu.transport.virtual import Message
 
 from celery_dlq import headers as H
 from celery_dlq.element import envelope_error, raw_dead_letter
+from celery_dlq.storage.fetch import FetchLayout, run_fetch
 from celery_dlq.storage.inflight import parse_value
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.scripts import Scripts
-from celery_dlq.worker import transport as T
-from celery_dlq.worker import transport_setup as TS
+from celery_dlq.worker.fetch import transport as T
+from celery_dlq.worker.fetch import setup as TS
 from celery_dlq.worker.runtime import runtime_of
 
 
@@ -151,15 +152,9 @@ def fetch(client, keys: Keys, lists: list[str], consumer: str = "c1", now: float
     """fetch.lua as the transport runs it; ``queues``: the queues whose wake markers it takes (a listener);
     ``beat``: the consumer's beat is due, the fetch writes it when it takes a message; ``holds``: it holds what
     the breakers tell it to (the broker is the store)."""
-    all_keys = [*lists, *(keys.quarantine(name.split("\x06\x16")[0]) for name in lists),
-                keys.inflight(consumer), keys.consumers, *(keys.fetch_marker(q) for q in queues),
-                keys.fetch_queues, keys.fetch_listening]
-    hold = ["0"]
-    if holds:
-        all_keys += [keys.breaker_holds, keys.breaker_held_raw, keys.breaker_kept_total]
-        hold = ["1", *(name.split("\x06\x16")[0] for name in lists)]
-    return Scripts(client).run("fetch", all_keys, [len(lists), consumer if beat else "", len(queues),
-                                                   int(now * 1000), "1" if register else "", *queues, *hold])
+    layout = FetchLayout(keys, consumer, tuple(lists), tuple(name.split("\x06\x16")[0] for name in lists),
+                         markers=tuple(queues), holds=holds)
+    return run_fetch(Scripts(client), layout, now_ms=int(now * 1000), beat=beat, register=register)
 
 
 def test_fetch_pops_in_priority_order_and_records_before_returning(any_redis, unique):
@@ -238,7 +233,10 @@ def test_the_worker_uses_the_transport_on_a_redis_broker():
     context = fetch_context(runtime)
     assert TS.use_in_worker(app, context)
     assert app.conf.broker_transport == TS.TRANSPORT
-    assert app.conf.broker_transport_options == {"global_keyprefix": "g:", TS.OPTION_FETCH: context}
+    options = app.conf.broker_transport_options
+    assert options.keys() == {"global_keyprefix", TS.OPTION_FETCH} and options["global_keyprefix"] == "g:"
+    assert json.loads(json.dumps(options)) == options   # what `celery inspect stats` replies with (issue 45)
+    assert TS.context_of(options) is context
     assert (context.key_prefix, context.wait, context.listener, context.inflight_lease) == ("kp", 0.25, True, 10.0)
     assert context.moved is runtime.fetch_moved and context.policy("orders").dead_letter_queue("orders") == "DLQ.orders"
     assert "redis://" not in repr(context)   # a dump of the configuration shows no URL

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from celery_dlq.storage.keys import Keys, QueueLists
-from celery_dlq.worker.fetch_listener import Coalescer, FetchListener, tracking_on
+from celery_dlq.storage.listening import Tracking
+from celery_dlq.worker.fetch.listener import Coalescer, FetchListener, tracking_on
 from tests.unit.test_fetch import celery_message, fetch
 
 
@@ -17,8 +18,8 @@ def test_a_signal_marks_only_queues_holding_a_message_and_a_marker_holds_one_mem
     listener.watched = {q: keys.fetch_marker(q), f"{q}\x06\x163": keys.fetch_marker(q), r: keys.fetch_marker(r)}
     any_redis.lpush(f"{q}\x06\x163", "x")   # a priority sub-list of q
     try:
-        listener._signal(any_redis, set(listener.watched))
-        listener._signal(any_redis, {q, f"{q}\x06\x163"})
+        listener._signal(Tracking(any_redis, keys, own_connection=False), set(listener.watched))
+        listener._signal(Tracking(any_redis, keys, own_connection=False), {q, f"{q}\x06\x163"})
         assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"]   # written twice: still one member
         assert not any_redis.exists(keys.fetch_marker(r)) and listener.signalled == 2
     finally:
@@ -105,7 +106,7 @@ def test_a_write_heard_to_a_list_empty_again_marks_nothing_so_no_worker_wakes_fo
     any_redis.lpush(r, "x")
     try:
         # q's write was a pop (or a push another fetch took): left unmarked, so no pop is waited for
-        assert listener._mark(any_redis, {q, r}) == {q}
+        assert listener._mark(Tracking(any_redis, keys, own_connection=False), {q, r}) == {q}
         assert not any_redis.exists(keys.fetch_marker(q)) and any_redis.zrange(keys.fetch_marker(r), 0, -1) == [b"m"]
         assert listener.signalled == 1
     finally:
@@ -113,7 +114,7 @@ def test_a_write_heard_to_a_list_empty_again_marks_nothing_so_no_worker_wakes_fo
 
 
 def test_an_idle_wait_is_jittered_below_kombus_health_check_and_short_while_a_channel_settles():
-    from celery_dlq.worker.fetch_wait import MARKER_WAIT, SETTLE, marker_wait
+    from celery_dlq.worker.fetch.transport import MARKER_WAIT, SETTLE, marker_wait
     assert marker_wait(None, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT      # no health check (kombu < 5.7)
     assert marker_wait(None, SETTLE + 1, 1.0, rng=lambda: 0.0) == MARKER_WAIT / 2
     assert marker_wait(26.0, SETTLE + 1, 1.0, rng=lambda: 1.0) == MARKER_WAIT      # kombu's 26 s: room enough
@@ -129,11 +130,12 @@ def test_a_push_an_open_breaker_holds_is_kept_and_wakes_no_worker(any_redis, uni
     other = json.dumps({"headers": {"task": "proj.ok", "id": "b"}, "properties": {}})
     any_redis.hset(keys.breaker_holds, f"{q}\x1fproj.pay", 2_000_000)
     any_redis.lpush(q, held)
-    assert listener._mark(any_redis, {q}) == {q}           # a push heard: the held one is kept, nothing marked
+    tracker = Tracking(any_redis, keys, own_connection=False)
+    assert listener._mark(tracker, {q}) == {q}           # a push heard: the held one is kept, nothing marked
     assert not any_redis.exists(keys.fetch_marker(q)) and any_redis.llen(q) == 0
     assert any_redis.zrange(keys.breaker_held_raw, 0, -1) == [f"{q}\x1fproj.pay\x1f{held}".encode()]
     any_redis.lpush(q, held.replace('"a"', '"c"'), other)  # oldest first: a held one, then another task's
-    assert listener._mark(any_redis, {q}) == set()
+    assert listener._mark(tracker, {q}) == set()
     assert any_redis.zrange(keys.fetch_marker(q), 0, -1) == [b"m"] and any_redis.lrange(q, 0, -1) == [other.encode()]
     assert any_redis.zcard(keys.breaker_held_raw) == 2
 

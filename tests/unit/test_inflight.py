@@ -10,8 +10,8 @@ import pytest
 from celery_dlq.storage.inflight import InFlight, parse_value
 from celery_dlq.storage.keys import Keys
 from celery_dlq.storage.store import ParkedStore
-from celery_dlq.worker import inflight as process
-from celery_dlq.worker.inflight import Beats, previous_runs
+from celery_dlq.worker.leader import inflight as process
+from celery_dlq.worker.leader.inflight import Beats, previous_runs
 from tests.unit.test_fetch import celery_message, fetch
 
 

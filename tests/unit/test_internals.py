@@ -144,13 +144,13 @@ def test_a_behaviour_check_that_crashes_counts_as_failed():
 
 
 def test_the_seam_is_the_only_module_that_names_private_attributes_of_these_libraries():
-    import celery_dlq.worker.inflight as inflight
-    import celery_dlq.worker.park as park
-    import celery_dlq.worker.poolfix as poolfix
-    import celery_dlq.worker.request as request
+    import celery_dlq.worker.leader.inflight as inflight
+    import celery_dlq.worker.park.parking as park
+    import celery_dlq.worker.run.poolfix as poolfix
+    import celery_dlq.worker.run.request as request
     import celery_dlq.worker.runtime as runtime
-    import celery_dlq.worker.strategy as strategy
-    import celery_dlq.worker.transport as transport
+    import celery_dlq.worker.run.strategy as strategy
+    import celery_dlq.worker.fetch.transport as transport
 
     private = ("._message", "._request_dict", "._context", "._already_", "._raw", "._delivered", "._queue_cycle",
                "._deliver(", "._q_for_pri", "._in_poll", "._flush_brpop_reauth", "._fileno_to_", "._success_was",

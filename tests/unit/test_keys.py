@@ -20,7 +20,7 @@ LUA_DIR = resources.files("celery_dlq.storage").joinpath("lua")
 def test_key_names_share_one_hash_tag():
     keys = Keys()
     assert keys.base == "{celery_dlq}"
-    assert keys.schedule == "{celery_dlq}:delayed"
+    assert keys.delayed == "{celery_dlq}:delayed"
     assert keys.leases == "{celery_dlq}:leases"
     assert keys.payloads == "{celery_dlq}:payloads"
     assert keys.queues == "{celery_dlq}:queues"
@@ -28,7 +28,7 @@ def test_key_names_share_one_hash_tag():
     assert keys.stats == "{celery_dlq}:stats"
     assert keys.delivery_count("abc") == "{celery_dlq}:count:abc"
     assert keys.audit("abc", 3) == "{celery_dlq}:audit:abc:3"
-    assert keys.store_keys() == (keys.schedule, keys.leases, keys.payloads,
+    assert keys.store_keys() == (keys.delayed, keys.leases, keys.payloads,
                                  keys.queues, keys.parked)
 
 
@@ -42,7 +42,7 @@ def test_the_dashboards_keys_share_the_hash_tag():
 
 def test_global_keyprefix_goes_in_front_of_the_hash_tag():
     keys = Keys(prefix="app", global_keyprefix="tenant1:")
-    assert keys.schedule == "tenant1:{app}:delayed"
+    assert keys.delayed == "tenant1:{app}:delayed"
     assert keys.delivery_count("t") == "tenant1:{app}:count:t"
 
 
@@ -126,7 +126,7 @@ def test_script_header_documents_every_key_and_argument(name):
 def test_scripts_only_touch_keys_passed_in_keys(name):
     body = script_body(name)
     for command, key in re.findall(r"redis\.p?call\('(\w+)',\s*([^,)]+)", body):
-        assert re.fullmatch(r"KEYS\[[\w +*]+\]|unpack\(KEYS|unpack\(key_args", key), f"{name}: {command} on {key}"
+        assert re.fullmatch(r"KEYS\[[\w +*\[\]-]+\]|unpack\(KEYS|unpack\(key_args", key), f"{name}: {command} on {key}"
     # a command whose keys do not come first (LMPOP) takes them from a table filled from KEYS only
     for target, value in re.findall(r"key_args\[([^\]]+)\] = ([^\n]+)", body):
         assert re.fullmatch(r"KEYS\[[\w +*]+\]|'[A-Z]+'", value.strip()), f"{name}: key_args[{target}] = {value}"

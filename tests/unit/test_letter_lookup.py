@@ -29,8 +29,8 @@ def element(task_id: str, n: int) -> str:
                                       "delivery_info": {"exchange": "", "routing_key": "DLQ.orders"}}})
 
 
-def push(broker, start: int, n: int, key: str = "DLQ.orders") -> None:
-    broker.lpush(key, *[element(f"id-{i}", i) for i in range(start, start + n)])
+def push(broker, start: int, n: int, key: str = "DLQ.orders", prefix: str = "id-") -> None:
+    broker.lpush(key, *[element(f"{prefix}{i}", i) for i in range(start, start + n)])
 
 
 @pytest.fixture
@@ -97,19 +97,20 @@ def test_without_an_anchor_the_oldest_of_the_id_is_found_across_sub_lists(op, br
 
 
 def test_the_dlq_page_links_carry_anchors_that_work_after_arrivals(op, broker):
-    push(broker, 0, 400)
+    long = "lookup-task-id-"    # the dashboard looks a letter up by a full task id (12 characters at least)
+    push(broker, 0, 400, prefix=long)
     web = create_app(op.app, basic_auth=["alice:wonder"], operator=op)
     c = client(web)
     html = c.get("/dlq/DLQ.orders?start=100").text
-    links = re.findall(r'href="(/dlq/DLQ.orders/letters/(id-\d+)\?at=\d+:\d+)"', html)
+    links = re.findall(r'href="(/dlq/DLQ.orders/letters/(lookup-task-id-\d+)\?at=\d+:\d+)"', html)
     assert len(links) == 50
-    push(broker, 400, 500)
+    push(broker, 400, 500, prefix=long)
     for link, task_id in links[:5] + links[-5:]:
         page = c.get(link.replace("&amp;", "&"))
         assert page.status_code == 200 and f'id="task-id">{task_id}<' in page.text
-    assert c.get("/dlq/DLQ.orders/letters/id-3?at=junk").status_code == 200
-    assert c.get("/dlq/DLQ.orders/letters/id-3?at=0:999999").status_code == 200
-    assert c.get("/dlq/DLQ.orders/letters/id-9999?at=0:5").status_code == 404
+    assert c.get(f"/dlq/DLQ.orders/letters/{long}3?at=junk").status_code == 200
+    assert c.get(f"/dlq/DLQ.orders/letters/{long}3?at=0:999999").status_code == 200
+    assert c.get(f"/dlq/DLQ.orders/letters/{long}9999?at=0:5").status_code == 404
 
 
 def test_a_stale_page_position_is_searched_around_where_it_lies_now(op, broker, monkeypatch):

@@ -35,11 +35,12 @@ from celery_dlq.ops import (
 )
 from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.factory import redis_side
 from celery_dlq.storage.keys import Keys, QueueLists, Stat
 from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
-from celery_dlq.worker.deadletter import DeadLetterer
-from celery_dlq.worker.retention import Retention
+from celery_dlq.worker.deadletter.dead_letterer import DeadLetterer
+from celery_dlq.worker.deadletter.retention import Retention
 
 T0 = 1_700_000_000.0
 SOURCE = Celery("source", broker="memory://", set_as_current=False)
@@ -524,10 +525,16 @@ def test_stats(op, fake):
 
 # -- retention ---------------------------------------------------------------------
 
+def trimmer(app, fake, broker=None):
+    """Retention on ``fake`` (the store and the broker), keys prefixed ``r``, archive on."""
+    store = ShardedStore(fake, Shards("r"), events_max_length=100_000)
+    return Retention(redis_side(app, client=fake, broker=fake if broker is None else broker, sharded=store))
+
+
 def test_trim_by_length_removes_oldest_across_priority_lists(app, fake, caplog):
     letters = [dead_letter(fake, args=(i,), at=T0 + i, priority=9 if i % 2 else 0) for i in range(6)]
-    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
-    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.retention"):
+    retention = trimmer(app, fake)
+    with caplog.at_level(logging.WARNING, logger="celery_dlq.worker.deadletter.retention"):
         assert retention.trim("DLQ.orders", max_length=2) == 4
     left = [json.loads(r)["headers"]["id"] for key in QueueLists().keys("DLQ.orders") for r in fake.lrange(key, 0, -1)]
     assert sorted(left) == sorted([letters[4].task_id, letters[5].task_id])
@@ -539,7 +546,7 @@ def test_trim_by_length_removes_oldest_across_priority_lists(app, fake, caplog):
 def test_trim_by_age_and_policy_hook(app, fake):
     old = [dead_letter(fake, at=T0 - 7200 + i) for i in range(3)]
     new = dead_letter(fake, at=T0 - 10)
-    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
+    retention = trimmer(app, fake)
     assert retention.after_dead_letter("DLQ.orders", RedeliveryPolicy()) == 0  # no limits: untouched
     assert retention.trim("DLQ.orders", ttl=3600, now=T0) == 3
     assert [json.loads(r)["headers"]["id"] for r in fake.lrange("DLQ.orders", 0, -1)] == [new.task_id]
@@ -547,12 +554,12 @@ def test_trim_by_age_and_policy_hook(app, fake):
 
 
 def test_trim_many_pages_and_stops_at_the_cap(app, fake, monkeypatch):
-    import celery_dlq.worker.retention as retention_module
+    import celery_dlq.worker.deadletter.retention as retention_module
     for i in range(30):
         dead_letter(fake, args=(i,), at=T0 + i)
     monkeypatch.setattr(retention_module, "PAGE", 4)
     monkeypatch.setattr(retention_module, "MAX_PER_CALL", 20)
-    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=fake)
+    retention = trimmer(app, fake)
     assert retention.trim("DLQ.orders", max_length=5) == 20
     assert retention.trim("DLQ.orders", max_length=5) == 5
     ages = [json.loads(r)["headers"][H.DEAD_LETTERED_AT] for r in fake.lrange("DLQ.orders", 0, -1)]
@@ -564,7 +571,7 @@ def test_trim_failure_is_logged_not_raised(app, fake, caplog):
         def pipeline(self, **kw):
             raise ConnectionError("redis went away")
 
-    retention = Retention(app, fake, Keys("r"), archive=EventLog(fake, Keys("r"), 100_000), broker=Broken())
+    retention = trimmer(app, fake, broker=Broken())
     with caplog.at_level(logging.ERROR):
         assert retention.after_dead_letter("DLQ.orders", RedeliveryPolicy(dead_letter_max_length=1)) == 0
     assert "could not trim DLQ.orders" in caplog.text
@@ -720,7 +727,7 @@ def test_replay_purge_and_trim_are_archived(op, fake, app):
     dlq.replay(Filter(task_id=first.task_id))
     dlq.replay(Filter(task_id=first.task_id))          # gone already: nothing more to archive
     dlq.purge(Filter(task_id=second.task_id), force=True)
-    Retention(app, fake, op.keys, archive=op.archive, broker=fake).trim("DLQ.orders", max_length=1)
+    Retention(op.side).trim("DLQ.orders", max_length=1)
     assert archived(op) == [("replayed", first.task_id, "DLQ.orders", "max_delivery_attempts"),
                             ("purged", second.task_id, "DLQ.orders", "max_delivery_attempts"),
                             ("trimmed", third.task_id, "DLQ.orders", "max_length")]

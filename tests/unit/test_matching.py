@@ -95,3 +95,17 @@ def test_pattern_map_accepts_pairs_and_names_the_pattern_in_errors():
 
 def test_merge_fields_first_layer_wins_fieldwise():
     assert merge_fields([{"a": 1}, {"a": 2, "b": 2}, {"c": 3, "b": 9}]) == {"a": 1, "b": 2, "c": 3}
+
+
+def test_merge_fields_merges_a_nested_mapping_key_by_key():
+    task = {"breaker": {"window": 5.0}}
+    pattern = {"breaker": {"min_failures": 3, "window": 60.0}, "redelivery_delay": 1.0}
+    default = {"breaker": {"enabled": True, "min_failures": 9}}
+    merged = merge_fields([task, pattern, default])
+    assert merged == {"breaker": {"window": 5.0, "min_failures": 3, "enabled": True}, "redelivery_delay": 1.0}
+    assert task == {"breaker": {"window": 5.0}}   # the layers are not changed
+
+
+def test_merge_fields_a_value_set_higher_is_not_merged_with_a_lower_mapping():
+    assert merge_fields([{"breaker": True}, {"breaker": {"window": 5.0}}]) == {"breaker": True}
+    assert merge_fields([{"breaker": {"window": 5.0}}, {"breaker": True}]) == {"breaker": {"window": 5.0}}

@@ -26,10 +26,11 @@ from celery_dlq.exporter import DLQCollector, scrape_operator
 from celery_dlq.ops.audit import Actor
 from celery_dlq.ops.letters import Filter
 from celery_dlq.ops.operator import Operator
-from celery_dlq.storage.archive import EventLog
+from celery_dlq.storage.factory import redis_side
 from celery_dlq.storage.keys import Keys, QueueLists
+from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.storage.totals import MAX_VALUE, Metric, field, incr, parse_field, read
-from celery_dlq.worker.retention import Retention
+from celery_dlq.worker.deadletter.retention import Retention
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +272,8 @@ def test_operator_tools_and_retention_count_replayed_purged_and_trimmed(setup):
     assert queue.replay(limit=2).done == 2
     assert queue.purge(Filter(task_name="shop.charge"), limit=1, force=True).done == 1
     assert queue.purge(force=True).done == 2
-    retention = Retention(s.app, s.client, s.op.keys, archive=EventLog(s.client, s.op.keys, 0), broker=s.client)
+    no_archive = ShardedStore(s.client, s.op.sharded.shards, events_max_length=0)
+    retention = Retention(redis_side(s.app, client=s.client, broker=s.client, sharded=no_archive))
     s.push(4, T0 - 100)
     assert retention.trim(s.dlq, max_length=1) == 3
     assert read(s.client, s.op.keys) == {(Metric.REPLAYED, (("dlq", s.dlq),)): 2,

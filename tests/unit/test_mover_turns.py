@@ -1,4 +1,4 @@
-"""One mover at a time: the heartbeats that take a free lease, the role changes, the holder's wait."""
+"""One mover at a time: the leader's beats that take a free lease, the role changes, the holder's wait."""
 from __future__ import annotations
 
 import sys
@@ -9,9 +9,8 @@ import pytest
 import redis
 
 from celery_dlq.storage.keys import Keys
-from celery_dlq.storage.lease import MoverLease
-from celery_dlq.worker.heartbeat import Heartbeat
-from celery_dlq.worker.mover_turns import EARLY, MAX_BLOCK, MoverTurns
+from celery_dlq.worker.leader.lease import Leader, LeaderLease
+from celery_dlq.worker.park.turns import EARLY, MAX_BLOCK, MoverTurns
 
 
 @pytest.fixture
@@ -24,7 +23,7 @@ def keys(redis_server, unique):
 
 
 def lease(redis_server, keys, ident, ttl=10.0, interval=2.0):
-    return MoverLease(redis.Redis.from_url(redis_server.url), keys, ident, ttl, interval)
+    return LeaderLease(redis.Redis.from_url(redis_server.url), keys.mover_lease, ident, ttl, interval)
 
 
 class FakeLease:
@@ -40,9 +39,9 @@ class FakeLease:
         self.released += 1
 
 
-def test_the_heartbeat_reports_each_change_of_role_once_and_releases_when_it_stops():
+def test_the_leader_reports_each_change_of_role_once_and_releases_when_it_stops():
     roles = []
-    beat = Heartbeat(FakeLease([False, True, True, False, True]), on_role=roles.append)
+    beat = Leader(FakeLease([False, True, True, False, True]), on_role=roles.append)
     assert [beat.beat() for _ in range(5)] == [False, True, True, False, True]
     assert roles == [True, False, True] and beat.holder.is_set()
     beat.lease.answers = [True] * 1000

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import fields
 
 import pytest
 from celery.exceptions import ImproperlyConfigured
@@ -9,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_dlq import ConfigurationError, RedeliveryPolicy
-from celery_dlq.policy import compute_delay
+from celery_dlq import BreakerPolicy
+from celery_dlq.policy import FLAT_BREAKER_NAMES, compute_delay, validate_fields
 
 
 class ScriptedRandom(random.Random):
@@ -195,6 +197,111 @@ def test_explicit_fields_are_remembered():
 def test_policy_is_frozen():
     with pytest.raises(AttributeError):
         RedeliveryPolicy().redelivery_delay = 3  # type: ignore[misc]
+
+
+# -- the breaker: one nested field ------------------------------------------
+
+def test_the_breaker_is_one_nested_field_off_by_default():
+    policy = RedeliveryPolicy()
+    assert policy.breaker == BreakerPolicy() and policy.breaker.enabled is False
+    assert not policy.breaker.opens_on_failures
+    assert (policy.breaker.window, policy.breaker.min_failures, policy.breaker.failure_ratio) == (60.0, 20, 0.5)
+    assert (policy.breaker.cooldown, policy.breaker.cooldown_multiplier, policy.breaker.max_cooldown) \
+        == (10.0, 2.0, 300.0)
+    assert (policy.breaker.release_rate, policy.breaker.max_release_rate, policy.breaker.auto_redrive) \
+        == (10.0, 500.0, False)
+
+
+def test_the_breaker_is_given_as_a_mapping_and_remembers_the_options_set():
+    policy = RedeliveryPolicy(breaker={"enabled": True, "min_failures": 5, "window": 30})
+    assert policy.breaker.opens_on_failures and policy.breaker.min_failures == 5 and policy.breaker.window == 30.0
+    assert policy.breaker.cooldown == 10.0                         # an option left out keeps its default
+    assert policy.breaker.explicit_fields == {"enabled", "min_failures", "window"}
+    assert policy.as_fields() == {"breaker": {"enabled": True, "min_failures": 5, "window": 30.0}}
+    assert RedeliveryPolicy(breaker=BreakerPolicy(cooldown=3)).breaker.as_fields() == {"cooldown": 3.0}
+
+
+@pytest.mark.parametrize("short", [True, "manual", False])
+def test_true_manual_or_false_is_short_for_enabled(short):
+    policy = RedeliveryPolicy(breaker=short)
+    assert policy.breaker.enabled == short and policy.breaker.as_fields() == {"enabled": short}
+    assert policy.breaker.opens_on_failures is (short is True)
+    assert validate_fields({"breaker": short}, "here") == {"breaker": {"enabled": short}}
+
+
+@pytest.mark.parametrize("option, value", [
+    ("enabled", "yes"), ("enabled", 1),
+    ("window", 0), ("window", float("inf")),
+    ("min_failures", 0), ("min_failures", 2.5), ("min_failures", True),
+    ("failure_ratio", 0.0), ("failure_ratio", 1.5),
+    ("cooldown", -1),
+    ("cooldown_multiplier", 0.5),
+    ("max_cooldown", 0),
+    ("release_rate", 0),
+    ("max_release_rate", "fast"),
+    ("auto_redrive", "yes"),
+])
+def test_each_breaker_option_is_validated_and_named(option, value):
+    for build in (lambda: RedeliveryPolicy(breaker={option: value}), lambda: BreakerPolicy(**{option: value})):
+        with pytest.raises(ConfigurationError) as info:
+            build()
+        assert f"breaker.{option}" in str(info.value) and repr(value) in str(info.value)
+    with pytest.raises(ConfigurationError, match=rf"dlq_task_policies\['shop\.\*'\]: breaker\.{option} "):
+        validate_fields({"breaker": {option: value}}, "dlq_task_policies['shop.*']")
+
+
+def test_an_unknown_breaker_option_is_refused_with_a_suggestion():
+    with pytest.raises(ConfigurationError, match=r"unknown breaker option 'breaker\.treshold'"):
+        RedeliveryPolicy(breaker={"treshold": 5})
+    with pytest.raises(ConfigurationError, match=r"'breaker\.min_failure' \(did you mean 'min_failures'\?\)"):
+        validate_fields({"breaker": {"min_failure": 5}}, "dlq_default_policy")
+    with pytest.raises(ConfigurationError, match="unknown breaker option 'windw'.*did you mean 'window'"):
+        BreakerPolicy(windw=1)   # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="breaker must be a mapping of breaker options"):
+        RedeliveryPolicy(breaker=5)   # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flat, option, value", [
+    ("breaker_window", "window", 30.0),
+    ("breaker_min_failures", "min_failures", 5),
+    ("breaker_failure_ratio", "failure_ratio", 0.25),
+    ("breaker_cooldown", "cooldown", 3.0),
+    ("breaker_cooldown_multiplier", "cooldown_multiplier", 1.5),
+    ("breaker_max_cooldown", "max_cooldown", 90.0),
+    ("breaker_release_rate", "release_rate", 4.0),
+    ("breaker_max_release_rate", "max_release_rate", 40.0),
+    ("auto_redrive", "auto_redrive", True),
+])
+def test_each_flat_breaker_name_still_works_with_a_deprecation_warning_naming_the_new_spelling(flat, option, value):
+    assert FLAT_BREAKER_NAMES[flat] == option
+    with pytest.warns(DeprecationWarning, match=rf"'{flat}' is deprecated.*'breaker': {{'{option}': {value!r}}}"):
+        policy = RedeliveryPolicy(breaker=True, **{flat: value})
+    assert policy.breaker.as_fields() == {"enabled": True, option: value}
+    assert getattr(policy.breaker, option) == value
+    with pytest.warns(DeprecationWarning, match=rf"dlq_default_policy: the policy field '{flat}'"):
+        fields = validate_fields({flat: value}, "dlq_default_policy")
+    assert fields == {"breaker": {option: value}}
+    with pytest.warns(DeprecationWarning, match=rf"policy\.breaker\.{option}"):
+        assert getattr(policy, flat) == value     # reading the flat attribute, likewise for one release
+
+
+def test_the_flat_list_covers_every_option_but_enabled():
+    assert set(FLAT_BREAKER_NAMES.values()) | {"enabled"} == {f.name for f in fields(BreakerPolicy) if f.init}
+    with pytest.warns(DeprecationWarning, match=r"policy\.breaker\.opens_on_failures"):
+        assert RedeliveryPolicy(breaker=True).breaker_counts
+
+
+@pytest.mark.parametrize("nested", [{"window": 5}, BreakerPolicy(window=5)])
+def test_setting_one_option_both_ways_is_an_error(nested):
+    with pytest.raises(ConfigurationError, match=r"'breaker_window' and 'breaker' both set breaker\.window"):
+        RedeliveryPolicy(breaker=nested, breaker_window=6)
+    with pytest.raises(ConfigurationError, match=r"dlq_default_policy: 'breaker_window' and 'breaker'"):
+        validate_fields({"breaker": nested, "breaker_window": 5}, "dlq_default_policy")
+
+
+def test_unknown_attributes_still_raise_attribute_error():
+    with pytest.raises(AttributeError, match="breaker_windw"):
+        RedeliveryPolicy().breaker_windw   # noqa: B018
 
 
 delays = st.floats(min_value=0, max_value=1e6, allow_nan=False)

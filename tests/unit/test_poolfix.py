@@ -5,7 +5,7 @@ import os
 
 from kombu.asynchronous import Hub
 
-from celery_dlq.worker.poolfix import keep_half_done_io
+from celery_dlq.worker.run.poolfix import keep_half_done_io
 
 
 class FakeAsynPool:

@@ -45,7 +45,7 @@ def test_the_bind_consumer_step_lends_the_consumer_to_the_request_and_the_task_e
 
 def test_building_the_task_strategy_changes_nothing_on_the_runtime():
     """Celery builds a strategy per task at each consumer start: it must take, never set, the shared parts."""
-    from celery_dlq.worker.strategy import strategy
+    from celery_dlq.worker.run.strategy import strategy
 
     app = Celery("strategy", broker="redis://localhost:1/0", set_as_current=False)
 

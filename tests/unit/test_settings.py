@@ -6,7 +6,7 @@ from celery import Celery
 
 import celery_dlq
 from celery_dlq import ConfigurationError, RedeliveryPolicy, RedeliveryTask, resolve_policy
-from celery_dlq.settings import DLQSettings
+from celery_dlq.settings import DEFAULTS, DLQSettings
 from celery_dlq.worker.steps import STEPS
 
 
@@ -189,3 +189,59 @@ def test_task_cls_string_makes_every_task_a_redelivery_task():
 
     assert isinstance(app.tasks["t.any"], RedeliveryTask)
     assert app.tasks["t.any"].acks_late is True
+
+
+def test_the_breaker_merges_option_by_option_across_levels():
+    app = make_app(
+        dlq_default_policy={"breaker": {"release_rate": 5.0, "min_failures": 50}},
+        dlq_queue_policies={"orders.#": {"breaker": {"cooldown": 3.0}}},
+        dlq_task_policies={"shop.*": {"breaker": {"min_failures": 5}}},
+    )
+
+    @app.task(shared=False, base=RedeliveryTask, name="shop.pay",
+              redelivery_policy=RedeliveryPolicy(breaker={"enabled": True, "window": 30}))
+    def pay():
+        pass
+
+    breaker = resolve_policy(app, "shop.pay", "orders.eu").breaker
+    assert breaker.opens_on_failures and breaker.window == 30.0      # the task
+    assert breaker.min_failures == 5                                  # 'shop.*' beats the default
+    assert breaker.cooldown == 3.0                                    # 'orders.#'
+    assert breaker.release_rate == 5.0                                # the default
+    assert breaker.max_release_rate == 500.0                          # built in
+    assert resolve_policy(app, "misc.job", "orders.eu").breaker.enabled is False   # options alone turn nothing on
+    _, origins = DLQSettings.from_conf(app.conf).explain("shop.pay", "orders.eu", {"breaker": {"enabled": "manual"}})
+    assert origins["breaker.enabled"] == "task redelivery_policy"
+    assert origins["breaker.min_failures"] == "dlq_task_policies['shop.*']"
+    assert origins["breaker.cooldown"] == "dlq_queue_policies['orders.#']"
+    assert origins["breaker.release_rate"] == "dlq_default_policy"
+    assert origins["breaker.max_cooldown"] == "built-in default"
+    assert "breaker" not in origins
+
+
+def test_a_bad_breaker_option_names_the_setting_the_pattern_and_the_option():
+    with pytest.raises(ConfigurationError, match=r"dlq_queue_policies\['orders\.#'\]: breaker\.window must be"):
+        DLQSettings.from_conf(make_app(dlq_queue_policies={"orders.#": {"breaker": {"window": 0}}}).conf)
+    with pytest.raises(ConfigurationError, match=r"dlq_default_policy: unknown breaker option 'breaker\.treshold'"):
+        DLQSettings.from_conf(make_app(dlq_default_policy={"breaker": {"treshold": 5}}).conf)
+
+
+def test_flat_breaker_names_in_the_settings_warn_and_are_nested():
+    app = make_app(dlq_task_policies={"shop.*": {"breaker": True, "breaker_cooldown": 2.0}},
+                   dlq_default_policy={"breaker": {"window": 9.0}})
+    with pytest.warns(DeprecationWarning, match=r"dlq_task_policies\['shop\.\*'\]: the policy field 'breaker_cooldown'"):
+        settings = DLQSettings.from_conf(app.conf)
+    breaker = settings.policy_for("shop.pay", "celery").breaker
+    assert (breaker.enabled, breaker.cooldown, breaker.window) == (True, 2.0, 9.0)
+    both = make_app(dlq_default_policy={"breaker": {"cooldown": 1.0}, "breaker_cooldown": 2.0})
+    with pytest.raises(ConfigurationError, match="dlq_default_policy: 'breaker_cooldown' and 'breaker' both set"):
+        DLQSettings.from_conf(both.conf)
+
+
+def test_dlq_fetch_notifications_has_no_effect_and_says_so():
+    app = make_app(dlq_fetch_notifications="auto")
+    with pytest.warns(DeprecationWarning, match="dlq_fetch_notifications has no effect.*error in the next release"):
+        DLQSettings.from_conf(app.conf)
+    assert "dlq_fetch_notifications" not in DEFAULTS and not hasattr(DLQSettings, "fetch_notifications")
+    with pytest.warns(DeprecationWarning, match="dlq_fetch_notifications"):
+        DLQSettings.from_conf(make_app(dlq_fetch_notifications="anything").conf)   # no value is checked: none counts

@@ -53,7 +53,7 @@ def raw_state(store: ParkedStore) -> dict:
     """Everything the store holds, read straight from Redis."""
     c, k = store.client, store.keys
     return {
-        "delayed": {m.decode(): int(s) for m, s in c.zrange(k.schedule, 0, -1, withscores=True)},
+        "delayed": {m.decode(): int(s) for m, s in c.zrange(k.delayed, 0, -1, withscores=True)},
         "leases": {m.decode(): int(s) for m, s in c.zrange(k.leases, 0, -1, withscores=True)},
         "payloads": {f.decode(): v for f, v in c.hgetall(k.payloads).items()},
         "queues": {f.decode(): v.decode() for f, v in c.hgetall(k.queues).items()},
@@ -87,6 +87,15 @@ def test_park_claim_ack_round_trip(store):
     assert raw_state(store) == {"delayed": {}, "leases": {}, "payloads": {},
                                 "queues": {}, "parked": {}}
     assert store.ack(claimed) is False
+
+
+def test_park_many_parks_each_entry_once_in_one_pipeline(store):
+    entries = [(f"e{i}", f"p{i}".encode(), "default", T0 - 1 + i) for i in range(3)]
+    assert store.park_many(entries) == 3
+    assert store.park_many(entries[:1]) == 0          # already parked: nothing changes, nothing counted
+    assert store.count() == 3
+    assert [c.entry_id for c in store.claim_due(now=T0 + 5, lease=30)] == ["e0", "e1", "e2"]
+    assert_consistent(store)
 
 
 def test_claim_respects_due_time_limit_and_order(store):

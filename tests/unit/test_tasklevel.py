@@ -6,7 +6,7 @@ import random
 import pytest
 from celery import Celery
 
-from celery_dlq import RedeliveryTask
+from celery_dlq import RedeliveryPolicy, RedeliveryTask
 from celery_dlq.policy import UNLIMITED, compute_delay
 from celery_dlq.settings import DLQSettings
 from celery_dlq.tasklevel import own_options, task_levels
@@ -83,3 +83,29 @@ def test_full_jitter_draws_below_the_capped_delay_and_none_without_it():
     assert compute_delay(3, delay=1, multiplier=2, cap=3, factor=0, rng=rng) == 3
     draws = [compute_delay(3, delay=1, multiplier=2, cap=3, factor=0, rng=rng, full_jitter=True) for _ in range(200)]
     assert all(0 <= d <= 3 for d in draws) and len(set(draws)) > 100
+
+
+def test_a_tasks_breaker_options_merge_one_by_one_with_the_patterns_each_with_its_origin(app):
+    app.conf.dlq_task_policies = {"shop.*": {"breaker": {"min_failures": 4, "window": 120}}}
+
+    @app.task(base=RedeliveryTask, shared=False, name="shop.guarded", max_retries=2,
+              redelivery_policy=RedeliveryPolicy(breaker={"enabled": True, "window": 30}))
+    def guarded():
+        pass
+
+    assert task_levels(guarded)[0] == ("task redelivery_policy", {"breaker": {"enabled": True, "window": 30.0}})
+    policy, origins = explain(app, guarded)
+    assert (policy.breaker.enabled, policy.breaker.window, policy.breaker.min_failures) == (True, 30.0, 4)
+    assert origins["breaker.window"] == origins["breaker.enabled"] == "task redelivery_policy"
+    assert origins["breaker.min_failures"] == "dlq_task_policies['shop.*']"
+    assert origins["max_delivery_attempts"] == "task Celery option max_retries=2"
+
+
+def test_a_flat_breaker_name_on_a_task_warns_naming_the_task(app):
+    @app.task(base=RedeliveryTask, shared=False, name="shop.old", redelivery_policy={"auto_redrive": True})
+    def old():
+        pass
+
+    with pytest.warns(DeprecationWarning, match=r"task 'shop\.old' redelivery_policy: the policy field 'auto_redrive'"):
+        levels = task_levels(old)
+    assert levels == [("task redelivery_policy", {"breaker": {"auto_redrive": True}})]

@@ -16,7 +16,7 @@ from celery_dlq.ops import Operator
 from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
 from celery_dlq.web import create_app
-from celery_dlq.worker.deadletter import DeadLetterer
+from celery_dlq.worker.deadletter.dead_letterer import DeadLetterer
 from tests.integration.test_group_index import World, assert_exact
 from tests.unit.test_web import CSRF, client, ids_on, run_job
 

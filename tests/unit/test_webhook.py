@@ -73,7 +73,7 @@ def notifiers():
 
 
 def dead_lettered(n: int, **overrides) -> None:
-    """What the dead-letterer sends (celery_dlq.worker.deadletter)."""
+    """What the dead-letterer sends (celery_dlq.worker.deadletter.dead_letterer)."""
     fields = dict(task_id=f"id-{n}", task_name="shop.charge", original_queue="orders",
                   dead_letter_queue="DLQ.orders", reason="max_delivery_attempts",
                   exception={"type": "ValueError", "message": "card 4242 declined", "traceback": "Traceback..."},

@@ -1,4 +1,4 @@
-"""The worker's breakers (worker/breaker.py) on fakeredis with a fake clock: count, hold, probe, close, release."""
+"""The worker's breakers (worker/features/breaker.py) on fakeredis with a fake clock: count, hold, probe, close, release."""
 from __future__ import annotations
 
 import time
@@ -11,11 +11,11 @@ from celery_dlq.policy import RedeliveryPolicy
 from celery_dlq.storage import breaker_state as B
 from celery_dlq.storage.sharding import Shards
 from celery_dlq.storage.shards import ShardedStore
-from celery_dlq.worker.breaker import WorkerBreakers
-from celery_dlq.worker.task_events import BREAKER_CHANGED, TaskEvents
+from celery_dlq.worker.features.breaker import WorkerBreakers
+from celery_dlq.worker.run.events import BREAKER_CHANGED, TaskEvents
 
-POLICY = RedeliveryPolicy(breaker=True, breaker_min_failures=2, breaker_cooldown=10.0, breaker_max_cooldown=40.0,
-                          breaker_release_rate=1.0, breaker_max_release_rate=2.0)
+POLICY = RedeliveryPolicy(breaker={"enabled": True, "min_failures": 2, "cooldown": 10.0, "max_cooldown": 40.0,
+                                   "release_rate": 1.0, "max_release_rate": 2.0})
 FAIL = {"type": "ConnectionError", "message": "gateway down"}
 
 
@@ -114,7 +114,7 @@ def test_a_failed_probe_reopens_with_a_longer_cooldown(world):
 
 def test_successes_count_in_memory_and_keep_a_busy_task_closed(world):
     breakers, clock, _, dispatcher, _ = world
-    policy = RedeliveryPolicy(breaker=True, breaker_min_failures=2, breaker_failure_ratio=0.5)
+    policy = RedeliveryPolicy(breaker={"enabled": True, "min_failures": 2, "failure_ratio": 0.5})
     connected = breakers.redis
     assert not breakers.hold("shop.charge", "s", ctx("s", policy=policy))   # a delivery seen: its task counted
     breakers.redis = lambda: pytest.fail("a success touched Redis")
@@ -141,10 +141,62 @@ def test_the_fetch_looks_at_breakers_only_where_a_policy_sets_one():
     assert Config(app(dlq_task_policies={"shop.*": {"breaker": True}})).breakers
     assert Config(app(dlq_queue_policies={"orders": {"breaker": "manual"}})).breakers
     assert not Config(app(dlq_default_policy={"breaker": False})).breakers
+    assert Config(app(dlq_task_policies={"shop.*": {"breaker": {"enabled": "manual"}}})).breakers
+    # options alone (a pattern's thresholds) turn no breaker on, so the fetch stays as it is
+    assert not Config(app(dlq_queue_policies={"orders": {"breaker": {"min_failures": 5}}})).breakers
+    assert not Config(app(dlq_queue_policies={"orders": {"breaker": {"enabled": False, "window": 5}}})).breakers
     on_task = app()
 
-    @on_task.task(name="shop.charge", redelivery_policy={"breaker": True})
+    @on_task.task(name="shop.charge", shared=False, redelivery_policy={"breaker": True})
     def charge():
         return None
 
     assert Config(on_task).breakers
+
+
+class TakenOver:
+    """A store whose fetch held deliveries of one task; while the first release pushes its first batch,
+    its lease expires (the releasing worker stalled) and a second worker takes it."""
+
+    def __init__(self, redis, other) -> None:
+        self.redis, self.other, self.pushed = redis, other, []
+
+    def holding_in_fetch(self, queue, task):
+        return False
+
+    def release_held(self, queue, task, target, n):
+        self.redis.delete(self.other.key)             # the first worker's lease ran out ...
+        assert self.other.acquire()                   # ... and the second took it
+        self.pushed.append(n)
+        return n                                      # more are left: the first would go on
+
+
+def test_the_release_lock_is_a_lease_only_its_owner_renews_or_gives_up(world, any_redis):
+    first, *_ = world
+    first.config = SimpleNamespace(settings=first.config.settings, lists=SimpleNamespace(lowest=lambda q: q + "-low"))
+    second = WorkerBreakers(first.config, first.redis, first.parking, first.events, first.clock)
+    first.hostname, second.hostname = "worker-1", "worker-2"
+    mine = first.release_lease("orders", "shop.charge")
+    assert mine.acquire() and any_redis.get(mine.key) == mine.owner.encode()
+    any_redis.pexpire(mine.key, 1_000)
+    theirs = second.release_lease("orders", "shop.charge")
+    assert theirs.key == mine.key and theirs.owner != mine.owner
+    assert second.release_held("orders", "shop.charge", 1.0, 2.0) == 0   # another process releases them
+    assert not theirs.renew() and not theirs.release()                   # nor refreshes nor deletes the lock
+    assert any_redis.get(mine.key) == mine.owner.encode() and any_redis.pttl(mine.key) <= 1_000
+    assert mine.release() and any_redis.get(mine.key) is None
+
+
+def test_a_release_whose_lease_another_took_stops_and_leaves_the_other_its_lease(world, any_redis):
+    first, *_ = world
+    first.hostname = "worker-1"
+    first.config = SimpleNamespace(settings=first.config.settings, lists=SimpleNamespace(lowest=lambda q: q + "-low"))
+    other = WorkerBreakers(first.config, first.redis, first.parking, first.events, first.clock)
+    other.hostname = "worker-2"
+    theirs = other.release_lease("orders", "shop.charge")
+    store = TakenOver(any_redis, theirs)
+    first.store = lambda: store
+    assert first.release_held("orders", "shop.charge", 1.0, 2.0) == 1
+    assert store.pushed == [1]                                      # one batch, then its renewal failed: it stopped
+    assert any_redis.get(theirs.key) == theirs.owner.encode()       # and it did not delete the other's lease
+    assert 4_900 < any_redis.pttl(theirs.key) <= 5_000

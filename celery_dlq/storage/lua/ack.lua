@@ -22,9 +22,7 @@ end
 local deleted = 0
 for i = 3, #ARGV, 2 do
     local id = ARGV[i]
-    local score = redis.call('ZSCORE', KEYS[1], id)
-    if score and tonumber(score) == tonumber(ARGV[i + 1]) then
-        redis.call('ZREM', KEYS[1], id)
+    if lease_end(KEYS[1], id, ARGV[i + 1]) then   -- the claim is still this mover's (lib.lua)
         local queue = parked_queue(KEYS[3], id, redis.call('HGET', KEYS[2], id))
         redis.call('HDEL', KEYS[2], id)
         redis.call('HDEL', KEYS[3], id)

@@ -30,7 +30,7 @@ for _, id in ipairs(due) do
     local payload = redis.call('HGET', KEYS[3], id)
     if payload then
         redis.call('ZREM', KEYS[1], id)
-        redis.call('ZADD', KEYS[2], lease_until, id)
+        lease_hold(KEYS[2], id, lease_until)   -- the claim is the entry's lease (lib.lua)
         claimed[#claimed + 1] = id
         claimed[#claimed + 1] = payload
         claimed[#claimed + 1] = parked_queue(KEYS[4], id, payload) or ''

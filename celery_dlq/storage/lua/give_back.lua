@@ -1,25 +1,22 @@
 -- give_back.lua: give a consumer's in-flight messages back to the lists they came from, byte for byte.
--- Used for a consumer whose heartbeat stopped (the sweeper), for a previous run of a restarted worker,
+-- Used for a consumer whose beats stopped (the sweeper), for a previous run of a restarted worker,
 -- and by a consumer for its own messages (close, requeue, a lost connection). Only what is still in the
 -- consumer's hash goes back, so a consumer whose messages were taken over settles nothing of another's.
 --
 -- KEYS[1] = in flight  (HASH) the consumer's: delivery tag -> in_flight_value (lib.lua)
--- KEYS[2] = consumers  (ZSET) consumer -> last heartbeat (ms)
+-- KEYS[2] = consumers  (ZSET) consumer -> last beat (ms): each beat starts a lease (lib.lua, lease_*)
 -- KEYS[3..] the lists the messages go back to
 --
 -- ARGV[1] = the consumer (its member in KEYS[2])
--- ARGV[2] = cutoff (ms): give back only if the consumer's last heartbeat is older ("": no check)
+-- ARGV[2] = cutoff (ms): give back only if the consumer's last beat is older ("": no check)
 -- ARGV[3] = "left": LPUSH, behind what waits (kombu's requeue); "right": RPUSH, delivered next
 -- ARGV[4] = "1": forget the consumer in KEYS[2] once its hash is empty (it is gone)
 -- ARGV[5], ARGV[6], ... = delivery tag, the index in KEYS of its list; as many pairs as messages
 --
 -- Each message goes back marked GIVEN_BACK (lib.lua), so the next fetch counts the delivery.
 -- Returns how many went back, or -1 when the consumer beat after the cutoff (nothing done).
-if ARGV[2] ~= '' then
-  local beat = redis.call('ZSCORE', KEYS[2], ARGV[1])
-  if beat and tonumber(beat) >= tonumber(ARGV[2]) then
-    return -1
-  end
+if ARGV[2] ~= '' and lease_live(KEYS[2], ARGV[1], ARGV[2]) then
+  return -1
 end
 local push = ARGV[3] == 'left' and 'LPUSH' or 'RPUSH'
 local given = 0
@@ -40,6 +37,6 @@ for i = 5, #ARGV, 2 do
   end
 end
 if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('ZREM', KEYS[2], ARGV[1])
+  lease_drop(KEYS[2], ARGV[1])   -- gone: its beats' lease with it (lib.lua)
 end
 return given

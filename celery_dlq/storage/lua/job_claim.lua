@@ -29,8 +29,7 @@ if state ~= 'running' and state ~= 'paused' then
 end
 local now = tonumber(ARGV[3])
 if owner ~= ARGV[2] then
-  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
-  if ARGV[5] ~= 'take' or lease > now then
+  if ARGV[5] ~= 'take' or lease_live(KEYS[2], ARGV[1], now + 1) then   -- live: expires after now (lib.lua)
     return ''
   end
   redis.call('HSET', KEYS[1], 'owner', ARGV[2])
@@ -40,5 +39,5 @@ if owner ~= ARGV[2] then
 end
 local until_ms = now + tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], 'lease_until', until_ms)
-redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
+lease_hold(KEYS[2], ARGV[1], until_ms)
 return state

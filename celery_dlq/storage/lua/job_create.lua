@@ -34,7 +34,7 @@ if ARGV[2] ~= 'force' or not holder then
   redis.call('SET', KEYS[2], ARGV[1])
 end
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[4], 0, ARGV[1])
+lease_hold(KEYS[4], ARGV[1], 0)   -- no owner yet: a lease that expired, taken by the first claim (lib.lua)
 local keep = tonumber(ARGV[4])
 if redis.call('ZCARD', KEYS[3]) > keep then
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -keep - 1)

@@ -36,7 +36,7 @@ if ARGV[4] == '1' then
   if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
   end
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  lease_drop(KEYS[3], ARGV[1])   -- ended: nobody runs it (lib.lua)
   redis.call('EXPIRE', KEYS[1], ARGV[5])
 end
 return {1, ARGV[3]}

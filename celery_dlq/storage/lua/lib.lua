@@ -1,5 +1,5 @@
--- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats and of a
--- DLQ's failure-group index).
+-- lib.lua: prepended to every script by scripts.py (one definition of the parked payload formats, of the
+-- leases and of a DLQ's failure-group index).
 --
 -- A parked payload is one of:
 --   publish format: JSON {"v": 1, "body": <base64>, ...} (Envelope.dumps); its queue is in the `queues`
@@ -31,11 +31,70 @@ local function parked_queue(queues_key, id, payload)
     return parts and parts.queue
 end
 
--- Leases that expired (their mover died or stalled between claim and ack) become due again, scored now.
+-- Leases (storage/lease.py: the one lease; every lease of celery-dlq is taken, renewed, checked and given up
+-- by these functions, in lease.lua or inside a larger step). A lease has one owner until it expires.
+--
+-- On its own key (STRING: the owner's id, with PX the time it has left): the leader, a breaker's release.
+-- It is taken with SET NX PX (storage/lease.py: one command, which never takes a lease another holds).
+-- Renew OWNER's lease for TTL_MS more; 0 (nothing done) when it is another's or has expired.
+local function lease_renew(key, owner, ttl_ms)
+    if redis.call('GET', key) ~= owner then
+        return 0
+    end
+    redis.call('PEXPIRE', key, ttl_ms)
+    return 1
+end
+
+-- Give OWNER's lease up; 0 (nothing done) when it is another's or has expired.
+local function lease_release(key, owner)
+    if redis.call('GET', key) ~= owner then
+        return 0
+    end
+    redis.call('DEL', key)
+    return 1
+end
+
+-- In an index (ZSET member -> ms), many leases on one key, each member its own: the parked entries a mover
+-- claimed (score: the claim's expiry), unfinished jobs (their expiry; the owner is in the job's record),
+-- in-flight consumers (their last beat: each beat starts a lease of dlq_inflight_lease).
+-- Hold MEMBER's lease: its score is AT_MS (an expiry, or a beat).
+local function lease_hold(index, member, at_ms)
+    redis.call('ZADD', index, at_ms, member)
+end
+
+-- Whether MEMBER's lease is live: its score is at least SINCE_MS (false when it holds none).
+local function lease_live(index, member, since_ms)
+    local at = redis.call('ZSCORE', index, member)
+    return at ~= false and at ~= nil and tonumber(at) >= tonumber(since_ms)
+end
+
+-- Up to LIMIT members whose lease ran out: scored at most UPTO_MS (a ZRANGEBYSCORE bound: "(ms" excludes it).
+local function lease_lapsed(index, upto_ms, limit)
+    return redis.call('ZRANGEBYSCORE', index, '-inf', upto_ms, 'LIMIT', 0, limit)
+end
+
+-- Give up MEMBER's lease if it is still the one its holder took: scored TOKEN, the expiry the holder got (a
+-- claim's fencing token: a mover whose claim expired, and was claimed again by another, must not end the
+-- other's). True when it was, and is given up.
+local function lease_end(index, member, token)
+    local at = redis.call('ZSCORE', index, member)
+    if not at or tonumber(at) ~= tonumber(token) then
+        return false
+    end
+    redis.call('ZREM', index, member)
+    return true
+end
+
+-- Drop MEMBER's lease, whoever holds it (its job ended, its consumer is gone, its entry removed); how many
+-- were dropped (0 or 1).
+local function lease_drop(index, member)
+    return redis.call('ZREM', index, member)
+end
+
+-- Claims whose lease expired (their mover died or stalled between claim and ack) become due again, scored now.
 local function restore_expired_leases(delayed_key, leases_key, now, limit)
-    local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'LIMIT', 0, limit)
-    for _, id in ipairs(expired) do
-        redis.call('ZREM', leases_key, id)
+    for _, id in ipairs(lease_lapsed(leases_key, now, limit)) do
+        lease_drop(leases_key, id)
         redis.call('ZADD', delayed_key, now, id)
     end
 end

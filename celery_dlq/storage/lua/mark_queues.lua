@@ -1,7 +1,7 @@
 -- mark_queues.lua: write the wake marker of each queue whose list holds a message, and arm the lists.
 -- Run by the fetch listener on its tracking connection: every list this script reads is tracked for it
 -- (Redis remembers the keys a script's commands read for the caller), so Redis sends one invalidation at
--- the list's next write, and none after until the listener reads the list again (worker/fetch_listener.py).
+-- the list's next write, and none after until the listener reads the list again (worker/fetch/listener.py).
 -- Where breakers hold in Redis, a list's oldest elements that an open breaker holds are kept first (as
 -- fetch.lua keeps them), so a push of a held task wakes no worker.
 --

@@ -10,10 +10,8 @@
 -- Returns 1 when the entry is parked again, 0 when the lease is not ours.
 
 local id = ARGV[1]
-local score = redis.call('ZSCORE', KEYS[1], id)
-if not score or tonumber(score) ~= tonumber(ARGV[2]) then
+if not lease_end(KEYS[1], id, ARGV[2]) then   -- the claim is another's now, or gone (lib.lua)
     return 0
 end
-redis.call('ZREM', KEYS[1], id)
 redis.call('ZADD', KEYS[2], ARGV[3], id)
 return 1

@@ -12,7 +12,7 @@
 -- Returns 1 when something was deleted, 0 when the entry was unknown.
 
 local id = ARGV[1]
-local removed = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
+local removed = redis.call('ZREM', KEYS[1], id) + lease_drop(KEYS[2], id)   -- a claim's lease: lib.lua
 local queue = parked_queue(KEYS[4], id, redis.call('HGET', KEYS[3], id))
 removed = removed + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
 redis.call('HDEL', KEYS[6], id)

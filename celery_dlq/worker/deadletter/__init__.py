@@ -1,0 +1,1 @@
+"""Dead letters: published once to the DLQ, recorded once, trimmed by the DLQ's limits."""

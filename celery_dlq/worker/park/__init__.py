@@ -1,0 +1,1 @@
+"""Parked retries: a failed message parked for its next delivery, and moved back when due."""
