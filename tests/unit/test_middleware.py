@@ -217,6 +217,29 @@ def test_chord_unlocks_behaviour_check_names_a_run_that_takes_no_group_first(mon
     assert len(problem) == 1 and "expected (chord_id, callback, ...)" in problem[0]
 
 
+
+def test_chord_unlocks_check_reads_celerys_parameters_through_celery_dlqs_own_wrapper(fresh_internals, monkeypatch):
+    """An app's task is shared by default: every app finalized later gets a copy, the check's own throwaway
+    app included, and a RedeliveryTask's copy installs celery-dlq there, which wraps that app's chord_unlock.
+    The check then read the wrapper's ``(args, kwargs)`` and turned parking off (CI's SQLite chord failures)."""
+    import celery._state
+
+    from celery_dlq import RedeliveryTask
+    from celery_dlq.internals.celery_canvas import CHORD_UNLOCK
+
+    monkeypatch.setattr(celery._state, "_on_app_finalizers", set(celery._state._on_app_finalizers))
+    app = Celery("shared", broker="redis://localhost:1/0", set_as_current=False)
+    celery_dlq.install(app)
+
+    @app.task(bind=True, base=RedeliveryTask, name="shared.redelivered")
+    def redelivered(self):
+        return None
+
+    app.finalize()
+    assert getattr(app.tasks["celery.chord_unlock"].run, "_celery_dlq_parks", False)
+    assert CHORD_UNLOCK.problems() == []
+
+
 class Policies:
     def __init__(self, policy) -> None:
         self.policy_ = policy

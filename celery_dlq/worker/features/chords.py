@@ -17,6 +17,7 @@ internal :data:`~celery_dlq.internals.celery_canvas.CHORD_UNLOCK`).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -228,6 +229,7 @@ def wrap_chord_unlock(app: Any, members: Callable[[], ChordMembers]) -> None:
         return
     original = task.run
 
+    @functools.wraps(original)   # the check of CHORD_UNLOCK reads Celery's parameters through this wrapper
     def run(*args: Any, **kwargs: Any) -> Any:
         if not usable(CHORD_UNLOCK):
             return original(*args, **kwargs)
