@@ -22,9 +22,8 @@ from celery_dlq.ops.velocity import Velocity
 from celery_dlq.storage.audit import AuditTrail
 from celery_dlq.web import create_app
 from tests.unit.test_web import T0, client, csrf, letters
+from tests.unit.test_web_security import AS, USERS
 
-USERS = ["vera:viewer:v-pass", "otto:operator:o-pass", "ada:admin:a-pass"]
-AS = {"viewer": ("vera", "v-pass"), "operator": ("otto", "o-pass"), "admin": ("ada", "a-pass")}
 WEB = Path(__file__).resolve().parents[2] / "celery_dlq" / "web"
 
 
