@@ -254,6 +254,7 @@ def main() -> None:
             "memory_usage_mb.mixed": round(mixed["memory_usage"] / MB, 1),
             "used_memory_growth_mb.mixed": round(mixed["used_memory_growth"] / MB, 1),
             "bytes_per_event.mixed": round(mixed["memory_usage"] / mixed["events"]),
+            **{f"share_pct.{kind}": round(100 * count / len(entries), 1) for kind, count in by_type.items()},
             **{f"bytes_per_event.{kind}": round(one["memory_usage"] / one["events"])
                for kind, one in results["per_type"].items()}},
             ["celery_dlq/storage/events.py", "celery_dlq/storage/archive.py", "celery_dlq/headers.py"],
