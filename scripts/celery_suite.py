@@ -145,9 +145,6 @@ def main() -> int:
         for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
             junit = args.workdir / f"{args.suite}-{tree.name}.xml"
             if args.side not in ("both", "plain" if tree is plain else "dlq"):
-                if junit.exists():   # the other side's report from an earlier run
-                    results[name] = outcomes(junit)
-                    print(f"{name}: read from {junit}", flush=True)
                 continue
             subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
             env = {"TEST_BROKER": f"redis://127.0.0.1:{port}/0", "TEST_BACKEND": f"redis://127.0.0.1:{port}/1",
@@ -164,6 +161,11 @@ def main() -> int:
             print(f"{name}: {counts[name]}", flush=True)
     finally:
         server.terminate()
+    for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
+        junit = args.workdir / f"{args.suite}-{tree.name}.xml"
+        if name not in results and junit.exists():   # the other side's report, read once this side has run
+            results[name] = outcomes(junit)
+            print(f"{name}: read from {junit}", flush=True)
     plain_r, dlq_r = results.get("plain", {}), results.get("RedeliveryTask", {})
     differ = sorted(t for t in set(plain_r) | set(dlq_r) if plain_r.get(t) != dlq_r.get(t)) \
         if plain_r and dlq_r else []
