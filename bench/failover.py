@@ -11,7 +11,6 @@ figures are kept; the results file says how many passed.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import results as results_file  # noqa: E402
+from common import parser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST = "tests/integration/test_sentinel.py"
@@ -49,10 +49,12 @@ def span(values: list[float], unit: str) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5)
+    p = parser(__doc__)
+    p.add_argument("--runs", type=int, default=None, help="failovers (default 5; 1 with --quick)")
     results_file.add_argument(p)
     args = p.parse_args()
+    if args.runs is None:
+        args.runs = 1 if args.quick else 5
     runs: list[dict[str, float]] = []
     passed = 0
     for n in range(args.runs):

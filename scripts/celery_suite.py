@@ -143,9 +143,9 @@ def main() -> int:
     results, counts = {}, {}
     try:
         for name, tree in (("plain", plain), ("RedeliveryTask", dlq)):
-            junit = args.workdir / f"{args.suite}-{tree.name}.xml"
             if args.side not in ("both", "plain" if tree is plain else "dlq"):
                 continue
+            junit = args.workdir / f"{args.suite}-{tree.name}.xml"
             subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], stdout=subprocess.DEVNULL)
             env = {"TEST_BROKER": f"redis://127.0.0.1:{port}/0", "TEST_BACKEND": f"redis://127.0.0.1:{port}/1",
                    "PATH": "/usr/bin:/bin:/usr/local/bin"}
